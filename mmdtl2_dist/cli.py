@@ -1,0 +1,49 @@
+"""The ``mmdtl2`` command line.
+
+Each sub-command lives in a module of :mod:`mmdtl2_dist.commands` that defines
+``register(subparsers)``; the module adds its parser and sets ``func`` (a callable taking
+the parsed arguments and returning an exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order is the order of ``mmdtl2 --help``.
+COMMAND_MODULES = [
+    "mmdtl2_dist.commands.office",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmdtl2",
+        description="MMDTL2 domain adaptation between imaging devices, on Ray.",
+    )
+    from mmdtl2_dist import __version__
+
+    parser.add_argument("--version", action="version", version=f"mmdtl2-dist {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        # User errors: one clear line, no traceback.
+        print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``mmdtl2`` command line (one module each)."""

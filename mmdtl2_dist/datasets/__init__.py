@@ -1,0 +1,1 @@
+"""Data sets bundled with mmdtl2-dist (with their SOURCE notes)."""
