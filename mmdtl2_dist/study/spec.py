@@ -1,0 +1,614 @@
+"""Study specifications: a TOML or YAML file, validated with errors that say how to fix it.
+
+A study names a feature store (or a bundled / synthetic data set), the device pairs and
+feature spaces, the methods with their parameters and grids, the labelled target samples
+per class, how splits are drawn, and where results go. Example (TOML)::
+
+    [study]
+    name = "nbi_conv3"
+    seed = 0
+    output = "runs/nbi_conv3"          # optional; default ./mmdtl2-studies/<name>
+
+    [data]
+    store = "features.zarr"            # relative to the spec file
+    source_space = "conv3"
+    target_space = "conv3"             # another space for heterogeneous features
+    pairs = [["lucera", "elite"]]      # [source device, target device]; or "all"
+    preprocessing = "l2_zscore"        # none | l2 | zscore | l2_zscore (per device)
+
+    [splits]
+    protocol = "half"                  # half | group | fixed
+    n_splits = 10
+    train_fraction = 0.5
+    samples_per_class = [1, 2, 3, 4, 5, 10, 15, 20, 25, 30, 35, 40]
+
+    [[methods]]
+    label = "MMDTL2 (RBF)"
+    method = "mmdtl2"
+    params = { kernel = "rbf", c_f = 0.1, c_d = 0.1, c_t = 0.1, c_s = 0.1 }
+    grid = { c_f = [1e-8, 1e-4, 0.1, 10] }     # optional sweep: one column per value
+    select = { c_d = [0.01, 0.1, 1] }          # optional: choose by CV on target train
+
+See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmdtl2_dist.core.preprocessing import PREPROCESSING
+from mmdtl2_dist.study.splits import PROTOCOLS
+
+# The core's methods (mmdtl2_dist.core.methods.METHODS), repeated here so that a spec can
+# be validated without importing the solvers.
+CORE_METHODS = ("source_svm", "target_svm", "mmdt", "mmdt_hoffman", "mmdtl2")
+# Methods of this package evaluated on the same splits (see mmdtl2_dist.study.baselines).
+EXTRA_METHODS = ("ncm", "coral_svm", "sa_svm")
+ALL_METHODS = CORE_METHODS + EXTRA_METHODS
+#: Methods that need source and target in one feature space.
+SAME_SPACE_METHODS = ("source_svm", "mmdt_hoffman", "coral_svm", "sa_svm")
+KERNELS = ("linear", "rbf", "poly")
+CORE_PARAMS = {
+    "c_f": "positive",
+    "c_d": "nonnegative",
+    "c_t": "positive",
+    "c_s": "positive",
+    "kernel": KERNELS,
+    "gamma": "positive_or_auto",
+    "degree": "positive_int",
+    "coef0": "number",
+    "prior": ("zero", "identity"),
+    "prior_weight": "nonnegative",
+    "max_iter": "positive_int",
+    "tol": "positive",
+}
+EXTRA_PARAMS = {
+    "ncm": {
+        "kernel": KERNELS,
+        "gamma": "positive_or_auto",
+        "degree": "positive_int",
+        "coef0": "number",
+    },
+    "coral_svm": {"reg": "nonnegative", "c": "positive"},
+    "sa_svm": {"n_components": "positive_int", "c": "positive"},
+}
+BUILTIN_DATA = ("office_caltech10",)
+DEFAULT_OUTPUT_ROOT = "mmdtl2-studies"
+
+
+class SpecError(ValueError):
+    """A study spec is invalid; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method entry: a column of the report (or one column per grid point)."""
+
+    label: str
+    method: str
+    params: dict[str, Any]
+    grid: dict[str, list]
+    select: dict[str, list]
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """One concrete configuration of a method (a grid point)."""
+
+    label: str
+    method: str
+    params: dict[str, Any]
+    select: dict[str, list]
+    base_label: str
+    swept: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One Tune trial: a method configuration at one number of labelled samples per class.
+
+    A trial is evaluated over every device pair and every split of the study.
+    """
+
+    key: str
+    config: MethodConfig
+    n_per_class: int
+
+    def to_dict(self) -> dict:
+        c = self.config
+        return {
+            "key": self.key,
+            "label": c.label,
+            "method": c.method,
+            "params": c.params,
+            "select": c.select,
+            "base_label": c.base_label,
+            "swept": c.swept,
+            "n_per_class": self.n_per_class,
+        }
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A validated study specification (see the module docstring)."""
+
+    path: Path | None
+    raw: dict
+    name: str
+    seed: int
+    output: Path
+    description: str
+    store: Path | None
+    builtin: str | None
+    synthetic: dict | None
+    preprocessing: str
+    source_space: str
+    target_space: str
+    pairs: list[tuple[str, str]] | str
+    protocol: str
+    n_splits: int
+    train_fraction: float
+    split_file: Path | None
+    source_per_class: int | None
+    samples_per_class: list[int]
+    methods: list[MethodSpec]
+    cpus_per_trial: float = 1.0
+    split_tasks: int = 0
+    max_concurrent_trials: int = 0
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    reference_source: str | None = None
+    reference_target: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def shared_space(self) -> bool:
+        return self.source_space == self.target_space
+
+    def configs(self) -> list[MethodConfig]:
+        """Every method configuration (grids expanded), in spec order."""
+        return expand_configs(self.methods)
+
+    def trials(self) -> list[TrialSpec]:
+        """Every trial: configuration x labelled samples per class."""
+        out = []
+        for c in self.configs():
+            for n in self.samples_per_class:
+                out.append(TrialSpec(trial_key(c, n), c, n))
+        return out
+
+    def fingerprint(self) -> str:
+        """A hash of the spec's content (identifies a study across runs and resumes)."""
+        return hashlib.sha256(
+            json.dumps(self.raw, sort_keys=True, default=str).encode()
+        ).hexdigest()[:16]
+
+
+def expand_configs(methods: list[MethodSpec]) -> list[MethodConfig]:
+    """Expand each method's grid into configurations, labelled ``label [k=v, ...]``."""
+    out = []
+    for m in methods:
+        names = list(m.grid)
+        for values in itertools.product(*(m.grid[n] for n in names)):
+            swept = dict(zip(names, values, strict=True))
+            label = m.label
+            if swept:
+                label += " [" + ", ".join(f"{k}={_fmt(v)}" for k, v in swept.items()) + "]"
+            out.append(
+                MethodConfig(label, m.method, {**m.params, **swept}, m.select, m.label, swept)
+            )
+    return out
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def trial_key(config: MethodConfig, n_per_class: int) -> str:
+    """A deterministic key of a trial (its MLflow tag and result file name)."""
+    blob = json.dumps(
+        [config.label, config.method, config.params, config.select, n_per_class],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def _err(where: str, msg: str) -> SpecError:
+    return SpecError(f"study spec: [{where}] {msg}")
+
+
+def _table(raw: dict, name: str, required: bool = False) -> dict:
+    t = raw.get(name)
+    if t is None:
+        if required:
+            raise _err(name, f"missing table; add a [{name}] section.")
+        return {}
+    if not isinstance(t, dict):
+        raise _err(name, f"must be a table, got {type(t).__name__}.")
+    return t
+
+
+def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise _err(where, f"unknown key(s) {unknown}; allowed keys are {sorted(allowed)}.")
+
+
+def _int(where: str, key: str, v: Any, minimum: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise _err(where, f"{key} must be an integer >= {minimum}, got {v!r}.")
+    return v
+
+
+def check_param(where: str, method: str, name: str, value: Any) -> None:
+    """Validate one method parameter value; raise :class:`SpecError` naming the fix."""
+    rules = EXTRA_PARAMS.get(method, CORE_PARAMS)
+    if name not in rules:
+        raise _err(where, f"method {method!r} has no parameter {name!r}; known: {sorted(rules)}.")
+    rule = rules[name]
+    ok = True
+    if isinstance(rule, tuple):
+        ok = value in rule
+        expect = f"one of {rule}"
+    elif rule == "positive_int":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        expect = "a positive integer"
+    elif rule == "positive_or_auto":
+        ok = value == "auto" or _is_num(value) and value > 0
+        expect = "a positive number or 'auto'"
+    else:
+        ok = _is_num(value) and (
+            rule == "number" or value > 0 or (rule == "nonnegative" and value == 0)
+        )
+        expect = {
+            "positive": "a positive number",
+            "nonnegative": "a number >= 0",
+            "number": "a number",
+        }[rule]
+    if not ok:
+        raise _err(where, f"parameter {name} must be {expect}, got {value!r}.")
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _grid(where: str, method: str, g: Any, what: str) -> dict[str, list]:
+    if g is None:
+        return {}
+    if not isinstance(g, dict):
+        raise _err(where, f"{what} must be a table of parameter = [values], got {g!r}.")
+    out = {}
+    for k, vals in g.items():
+        if not isinstance(vals, list) or not vals:
+            raise _err(
+                where,
+                f"{what}.{k} must be a non-empty list of values, got {vals!r}; "
+                f"write {k} = [value1, value2].",
+            )
+        if len(set(map(repr, vals))) != len(vals):
+            raise _err(where, f"{what}.{k} repeats a value: {vals!r}.")
+        for v in vals:
+            check_param(where, method, k, v)
+        out[k] = list(vals)
+    return out
+
+
+def _methods(raw: Any) -> list[MethodSpec]:
+    if not isinstance(raw, list) or not raw:
+        raise _err(
+            "methods",
+            'at least one [[methods]] entry is needed, e.g. [[methods]] method = "mmdtl2".',
+        )
+    out, labels = [], set()
+    for i, m in enumerate(raw):
+        where = f"methods #{i + 1}"
+        if not isinstance(m, dict):
+            raise _err(where, "each method must be a table.")
+        _check_keys(where, m, {"label", "method", "params", "grid", "select"})
+        method = m.get("method")
+        if method not in ALL_METHODS:
+            raise _err(where, f"unknown method {method!r}; choose one of {ALL_METHODS}.")
+        label = str(m.get("label", method))
+        if label in labels:
+            raise _err(
+                where, f"label {label!r} is used twice; give each method entry a distinct label."
+            )
+        labels.add(label)
+        params = m.get("params", {}) or {}
+        if not isinstance(params, dict):
+            raise _err(where, f"params must be a table, got {params!r}.")
+        for k, v in params.items():
+            check_param(where, method, k, v)
+        grid = _grid(where, method, m.get("grid"), "grid")
+        select = _grid(where, method, m.get("select"), "select")
+        both = sorted(set(grid) & set(select))
+        if both:
+            raise _err(
+                where,
+                f"{both} are both swept (grid) and selected (select); keep "
+                "each parameter in one of them.",
+            )
+        if select and method in EXTRA_METHODS:
+            raise _err(
+                where,
+                f"select (cross-validation) is offered for the core methods "
+                f"{CORE_METHODS}, not {method!r}.",
+            )
+        out.append(MethodSpec(label, method, dict(params), grid, select))
+    return out
+
+
+def _resolve(base: Path | None, p: str) -> Path:
+    q = Path(p).expanduser()
+    if not q.is_absolute() and base is not None:
+        q = base / q
+    return q.resolve()
+
+
+def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = None) -> StudySpec:
+    """Validate a spec given as a dict (the parsed TOML/YAML).
+
+    Parameters
+    ----------
+    raw : dict
+        Parsed file content.
+    path : Path, optional
+        The spec file (relative ``store`` and ``file`` paths are resolved against its
+        folder).
+    output : str or Path, optional
+        Overrides ``[study] output``.
+
+    Raises
+    ------
+    SpecError
+        With the offending key and how to fix it.
+    """
+    if not isinstance(raw, dict):
+        raise SpecError("study spec: the file must hold a table/mapping at top level.")
+    _check_keys(
+        "top level", raw, {"study", "data", "splits", "methods", "execution", "tracking", "report"}
+    )
+    base = path.parent if path is not None else None
+    study = _table(raw, "study", required=True)
+    _check_keys("study", study, {"name", "seed", "output", "description"})
+    name = study.get("name")
+    if not isinstance(name, str) or not name or any(c in name for c in "/\\:"):
+        raise _err(
+            "study", f"name must be a non-empty string without '/', '\\' or ':', got {name!r}."
+        )
+    seed = _int("study", "seed", study.get("seed", 0))
+    out = output if output is not None else study.get("output")
+    out_path = (
+        Path(out).expanduser().resolve()
+        if out is not None
+        else (Path.cwd() / DEFAULT_OUTPUT_ROOT / name).resolve()
+    )
+
+    data = _table(raw, "data", required=True)
+    _check_keys(
+        "data",
+        data,
+        {
+            "store",
+            "builtin",
+            "synthetic",
+            "preprocessing",
+            "source_space",
+            "target_space",
+            "space",
+            "pairs",
+        },
+    )
+    sources = [k for k in ("store", "builtin", "synthetic") if k in data]
+    if len(sources) != 1:
+        raise _err(
+            "data",
+            'give exactly one of store = "path", builtin = '
+            f'"office_caltech10" or a [data.synthetic] table; got {sources}.',
+        )
+    store = builtin = synthetic = None
+    if "store" in data:
+        store = _resolve(base, str(data["store"]))
+        if not store.exists():
+            raise _err(
+                "data",
+                f"feature store {str(store)!r} does not exist; create it with "
+                "`mmdtl2 ingest` or fix the path (relative paths are read "
+                "from the spec file's folder).",
+            )
+    elif "builtin" in data:
+        builtin = data["builtin"]
+        if builtin not in BUILTIN_DATA:
+            raise _err(
+                "data", f"unknown builtin data set {builtin!r}; choose one of {BUILTIN_DATA}."
+            )
+    else:
+        synthetic = data["synthetic"]
+        if not isinstance(synthetic, dict):
+            raise _err("data", "synthetic must be a table of generator options.")
+    prep = data.get("preprocessing", "l2_zscore")
+    if prep not in PREPROCESSING:
+        raise _err("data", f"preprocessing must be one of {PREPROCESSING}, got {prep!r}.")
+    space = data.get("space")
+    src_space = data.get("source_space", space)
+    tgt_space = data.get("target_space", space if space is not None else src_space)
+    if not isinstance(src_space, str) or not isinstance(tgt_space, str):
+        raise _err(
+            "data",
+            'name the feature spaces: space = "..." (shared) or source_space / target_space.',
+        )
+    pairs = data.get("pairs")
+    if pairs == "all":
+        pass
+    elif (
+        not isinstance(pairs, list)
+        or not pairs
+        or not all(
+            isinstance(p, list | tuple)
+            and len(p) == 2
+            and all(isinstance(d, str) for d in p)
+            and p[0] != p[1]
+            for p in pairs
+        )
+    ):
+        raise _err(
+            "data",
+            'pairs must be "all" or a list of [source device, target device] '
+            f"pairs of different devices, got {pairs!r}.",
+        )
+    else:
+        pairs = [tuple(p) for p in pairs]
+        if len(set(pairs)) != len(pairs):
+            raise _err("data", "pairs lists a device pair twice.")
+
+    sp = _table(raw, "splits", required=True)
+    _check_keys(
+        "splits",
+        sp,
+        {"protocol", "n_splits", "train_fraction", "file", "source_per_class", "samples_per_class"},
+    )
+    protocol = sp.get("protocol", "half")
+    if protocol not in PROTOCOLS:
+        raise _err("splits", f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
+    split_file = None
+    if protocol == "fixed":
+        if "file" not in sp and builtin is None:
+            raise _err(
+                "splits",
+                "protocol 'fixed' needs file = \"splits.json\" (see "
+                "mmdtl2_dist.study.data.read_split_file).",
+            )
+        if "file" in sp:
+            split_file = _resolve(base, str(sp["file"]))
+            if not split_file.exists():
+                raise _err("splits", f"split file {str(split_file)!r} does not exist.")
+    n_splits = _int("splits", "n_splits", sp.get("n_splits", 10), minimum=1)
+    frac = sp.get("train_fraction", 0.5)
+    if not _is_num(frac) or not 0 < frac < 1:
+        raise _err("splits", f"train_fraction must be a number in (0, 1), got {frac!r}.")
+    spc_raw = sp.get("samples_per_class")
+    if (
+        not isinstance(spc_raw, list)
+        or not spc_raw
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in spc_raw)
+    ):
+        raise _err(
+            "splits",
+            "samples_per_class must be a non-empty list of integers >= 0, "
+            f"e.g. [1, 2, 3, 5, 10]; got {spc_raw!r}.",
+        )
+    if len(set(spc_raw)) != len(spc_raw):
+        raise _err("splits", f"samples_per_class repeats a value: {spc_raw!r}.")
+    spc = sorted(spc_raw)
+    spc_src = sp.get("source_per_class")
+    if spc_src is not None:
+        spc_src = _int("splits", "source_per_class", spc_src, minimum=1)
+
+    methods = _methods(raw.get("methods"))
+    if not (src_space == tgt_space):
+        bad = [m.label for m in methods if m.method in SAME_SPACE_METHODS]
+        if bad:
+            raise _err(
+                "methods",
+                f"{bad} need source and target in one feature space but "
+                f"the study maps {src_space!r} to {tgt_space!r}; remove "
+                "them (the paper drops source SVM and MMDT here too).",
+            )
+    if 0 in spc:
+        bad = [m.label for m in methods if m.method not in ("source_svm", "ncm")]
+        if bad:
+            raise _err(
+                "splits",
+                f"samples_per_class contains 0 but {bad} need labelled "
+                "target samples; remove 0 or those methods.",
+            )
+
+    ex = _table(raw, "execution")
+    _check_keys("execution", ex, {"cpus_per_trial", "split_tasks", "max_concurrent_trials"})
+    cpus = ex.get("cpus_per_trial", 1)
+    if not _is_num(cpus) or cpus <= 0:
+        raise _err("execution", f"cpus_per_trial must be a positive number, got {cpus!r}.")
+    split_tasks = _int("execution", "split_tasks", ex.get("split_tasks", 0))
+    max_conc = _int("execution", "max_concurrent_trials", ex.get("max_concurrent_trials", 0))
+
+    tr = _table(raw, "tracking")
+    _check_keys("tracking", tr, {"uri", "experiment"})
+    rep = _table(raw, "report")
+    _check_keys("report", rep, {"reference_source", "reference_target"})
+    labels = {c.label for c in expand_configs(methods)}
+    for k in ("reference_source", "reference_target"):
+        if k in rep and rep[k] not in labels:
+            raise _err(
+                "report", f"{k} = {rep[k]!r} is not a method label; labels are {sorted(labels)}."
+            )
+    return StudySpec(
+        path=path,
+        raw=raw,
+        name=name,
+        seed=seed,
+        output=out_path,
+        description=str(study.get("description", "")),
+        store=store,
+        builtin=builtin,
+        synthetic=synthetic,
+        preprocessing=prep,
+        source_space=src_space,
+        target_space=tgt_space,
+        pairs=pairs,
+        protocol=protocol,
+        n_splits=n_splits,
+        train_fraction=float(frac),
+        split_file=split_file,
+        source_per_class=spc_src,
+        samples_per_class=spc,
+        methods=methods,
+        cpus_per_trial=float(cpus),
+        split_tasks=split_tasks,
+        max_concurrent_trials=max_conc,
+        tracking_uri=tr.get("uri"),
+        experiment=tr.get("experiment"),
+        reference_source=rep.get("reference_source"),
+        reference_target=rep.get("reference_target"),
+    )
+
+
+def load_spec(path: str | Path, output: str | Path | None = None) -> StudySpec:
+    """Read and validate a study spec file (``.toml``, ``.yaml`` or ``.yml``).
+
+    Parameters
+    ----------
+    path : str or Path
+        The spec file.
+    output : str or Path, optional
+        Overrides ``[study] output``.
+    """
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise SpecError(
+            f"study spec {str(path)!r} not found; pass the path of a .toml or "
+            ".yaml file (bundled studies are in the repository's studies/)."
+        )
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            raw = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            raw = yaml.safe_load(text)
+        else:
+            raise SpecError(f"study spec {p.name!r}: use a .toml, .yaml or .yml file.")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(
+            f"study spec {p.name!r} is not valid {p.suffix[1:].upper()}: {exc}"
+        ) from exc
+    return parse_spec(raw, p, output)

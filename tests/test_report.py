@@ -1,0 +1,133 @@
+"""Report: Welch t-test marks against scipy, tables and plots on disk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from mmdtl2_dist.study.report import (
+    paper_table,
+    results_frame,
+    significance_marks,
+    welch_pvalue,
+    write_report,
+)
+
+
+def test_welch_pvalue_matches_scipy_one_tailed():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = rng.normal(0.9, 0.02, size=10)
+        b = rng.normal(0.88, 0.05, size=10)
+        ref = stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
+        assert welch_pvalue(a, b) == pytest.approx(ref, rel=1e-12)
+
+
+def test_marks_on_known_inputs():
+    # Welch's t for these inputs, computed by hand:
+    # a: mean 0.95, var 1e-4 (ddof=1) ; b: mean 0.90, same var ; n = 5 each
+    # t = 0.05 / sqrt(2e-5) = 11.18, df = 8 -> p ~ 1.8e-6 -> "**".
+    a = np.array([0.94, 0.95, 0.96, 0.95, 0.95]) + np.array([0, 0, 0, -0.01, 0.01]) * 0.5
+    b = a - 0.05
+    p = stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
+    assert p < 0.01
+    assert significance_marks(a, b, None) == "**"
+    assert significance_marks(a, None, b) == "++"
+    assert significance_marks(a, b, b) == "** ++"
+    # Worse than the reference: no mark (the test is one-tailed).
+    assert significance_marks(b, a, a) == ""
+    # Between 1 % and 5 %: a single mark. Find such a pair and check against scipy.
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        x, y = rng.normal(0.5, 0.1, 10), rng.normal(0.45, 0.1, 10)
+        p = stats.ttest_ind(x, y, equal_var=False, alternative="greater").pvalue
+        expect = "*" if 0.01 <= p < 0.05 else ("**" if p < 0.01 else "")
+        assert significance_marks(x, y, None) == expect
+    # Both constant: undefined, no mark.
+    assert np.isnan(welch_pvalue(np.ones(5), np.ones(5)))
+    assert significance_marks(np.ones(5), np.ones(5), None) == ""
+
+
+def _trials(n_splits=6, pairs=("a->b",)):
+    rng = np.random.default_rng(0)
+    out = []
+    means = {"sourceSVM": 0.80, "targetSVM": 0.70, "MMDTL2": 0.86}
+    methods = {"sourceSVM": "source_svm", "targetSVM": "target_svm", "MMDTL2": "mmdtl2"}
+    for label, mu in means.items():
+        for n in (1, 5):
+            units = [
+                {"pair": p, "split": s, "accuracy": float(mu + 0.01 * n + rng.normal(0, 0.01))}
+                for p in pairs
+                for s in range(n_splits)
+            ]
+            out.append(
+                {
+                    "key": f"{label}{n}",
+                    "label": label,
+                    "base_label": label,
+                    "method": methods[label],
+                    "swept": {},
+                    "n_per_class": n,
+                    "units": units,
+                }
+            )
+    for cf in (1e-6, 0.1, 10.0):
+        units = [
+            {"pair": p, "split": s, "accuracy": 0.8 + 0.01 * np.log10(cf), "chosen": {}}
+            for p in pairs
+            for s in range(n_splits)
+        ]
+        out.append(
+            {
+                "key": f"sw{cf}",
+                "label": f"MMDTL2 [c_f={cf:g}]",
+                "base_label": "MMDTL2",
+                "method": "mmdtl2",
+                "swept": {"c_f": cf},
+                "n_per_class": 5,
+                "units": units,
+            }
+        )
+    return out
+
+
+def test_paper_table_cells_and_marks_match_scipy():
+    df = results_frame(_trials())
+    t = paper_table(df, "a->b", ["sourceSVM", "targetSVM", "MMDTL2"], "sourceSVM", "targetSVM")
+    row = t[(t["n_per_class"] == 5) & (t["label"] == "MMDTL2")].iloc[0]
+    a = df[(df.label == "MMDTL2") & (df.n_per_class == 5)].sort_values("split").accuracy
+    s = df[(df.label == "sourceSVM") & (df.n_per_class == 5)].sort_values("split").accuracy
+    assert row["mean"] == pytest.approx(100 * a.mean())
+    assert row["std"] == pytest.approx(100 * a.std(ddof=1))
+    assert row["p_source"] == pytest.approx(
+        stats.ttest_ind(a, s, equal_var=False, alternative="greater").pvalue
+    )
+    assert row["marks"] == "** ++"
+    src = t[(t["n_per_class"] == 5) & (t["label"] == "sourceSVM")].iloc[0]
+    assert src["marks"] == "++" and np.isnan(src["p_source"])
+
+
+def test_write_report_files(tmp_path):
+    out = write_report(
+        _trials(pairs=("a->b", "c->d")), tmp_path, title="demo", timing={"study_wall_s": 1.5}
+    )
+    names = {p.name for p in out["files"]}
+    assert {
+        "report.md",
+        "results.csv",
+        "table.csv",
+        "accuracy_vs_n_a_b.png",
+        "accuracy_vs_n_all_pairs.png",
+        "sweep_mmdtl2_c_f.png",
+    } <= names
+    for p in out["files"]:
+        assert p.stat().st_size > 0
+    md = (tmp_path / "report.md").read_text()
+    assert "| n_per_class | sourceSVM | targetSVM | MMDTL2 |" in md
+    assert "Parameter sweep: MMDTL2" in md and "Per pair, 5 labelled" in md
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert set(table["pair"]) == {"a->b", "c->d", "all pairs"}
+    with open(tmp_path / "accuracy_vs_n_a_b.png", "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
