@@ -1,0 +1,412 @@
+"""The driver of a Gram job: plan, resume, run tasks on Ray, finish the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import zarr
+from zarr.codecs import Crc32cCodec
+
+from mmdtl2_dist.core.preprocessing import PREPROCESSING, PreprocessStats
+from mmdtl2_dist.engine import tasks
+from mmdtl2_dist.engine.gram_store import (
+    GRAM_FORMAT,
+    INDEX_FILE,
+    JOB_FILE,
+    TILES_DIR,
+    GramStore,
+)
+from mmdtl2_dist.engine.plan import (
+    DEFAULT_TASK_MEMORY_MB,
+    choose_tile_rows,
+    feature_blocks,
+    gram_tile_plan,
+    plan_summary,
+    task_memory_bytes,
+)
+from mmdtl2_dist.store.feature_store import FeatureStore
+
+_JOB_KEYS = (
+    "store_fingerprint",
+    "space",
+    "devices",
+    "n_rows",
+    "n_features",
+    "preprocessing",
+    "tile_rows",
+    "col_blocks",
+)
+
+
+def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_blocks) -> dict:
+    sizes = [fs.shape(d, space)[0] for d in devices]
+    return {
+        "format": GRAM_FORMAT,
+        "store": str(fs.path),
+        "store_fingerprint": fs.fingerprint,
+        "space": space,
+        "devices": devices,
+        "offsets": [int(x) for x in np.concatenate([[0], np.cumsum(sizes)])],
+        "n_rows": int(sum(sizes)),
+        "n_features": int(fs.shape(devices[0], space)[1]),
+        "preprocessing": preprocessing,
+        "tile_rows": int(tile_rows),
+        "col_blocks": [list(b) for b in col_blocks],
+        "stats_done": preprocessing == "none",
+        "complete": False,
+    }
+
+
+def _create_skeleton(out: Path, job: dict, fs: FeatureStore) -> None:
+    """Create an empty Gram store atomically (a partial skeleton is never visible)."""
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        root = zarr.open_group(str(tmp), mode="w-")
+        n, t = job["n_rows"], job["tile_rows"]
+        root.create_array(
+            "gram",
+            shape=(n, n),
+            chunks=(t, t),
+            dtype=np.float64,
+            compressors=[Crc32cCodec()],
+            fill_value=np.nan,
+        )
+        (tmp / TILES_DIR).mkdir()
+        meta = fs.metadata[fs.metadata["space"] == job["space"]]
+        parts = [meta[meta["device"] == d].sort_values("row") for d in job["devices"]]
+        index = pd.concat(parts, ignore_index=True).drop(columns=["space"])
+        index.insert(0, "gram_row", np.arange(len(index), dtype=np.int64))
+        index.to_parquet(tmp / INDEX_FILE, index=False)
+        tasks.write_json_atomic(tmp / JOB_FILE, job)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_resumable(out: Path, job: dict) -> dict:
+    old = json.loads((out / JOB_FILE).read_text())
+    diff = {k: (old.get(k), job[k]) for k in _JOB_KEYS if old.get(k) != job[k]}
+    if diff:
+        shown = {k: v for k, v in diff.items() if k != "col_blocks"}
+        raise ValueError(
+            f"{out} holds a Gram job with other parameters ({shown or sorted(diff)}: stored vs "
+            "requested); pass the same arguments to resume it, or another out_path (or delete "
+            "it) to start anew."
+        )
+    return old
+
+
+class _Progress:
+    def __init__(self, label: str, total: int, skipped: int, flops_per_tile: float, enabled):
+        self.label, self.total, self.skipped = label, total, skipped
+        self.flops_per_tile, self.enabled = flops_per_tile, enabled
+        self.t0 = self.last = time.monotonic()
+
+    def update(self, done: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self.last < 2.0):
+            return
+        self.last = now
+        elapsed = now - self.t0
+        todo = self.total - self.skipped
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (todo - done) / rate if rate > 0 else float("nan")
+        gflops = self.flops_per_tile * done / max(elapsed, 1e-9) / 1e9
+        print(
+            f"{self.label}: {self.skipped + done}/{self.total} tiles ({self.skipped} resumed), "
+            f"{100 * (self.skipped + done) / self.total:.0f}%, {gflops:.1f} GFLOP/s, "
+            f"{elapsed:.0f} s elapsed, ETA {eta:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _ensure_ray(address: str | None, num_cpus: int | None):
+    """Connect to Ray (a running session, the given cluster or a new local one)."""
+    import ray
+
+    if ray.is_initialized():
+        return ray, False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Workers must import this package even when it is not installed (a source checkout).
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env = {
+        "env_vars": {
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (pkg_root, os.environ.get("PYTHONPATH", "")) if p
+            )
+        }
+    }
+    if address is None:
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env=env,
+        )
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return ray, True
+
+
+def _run_tasks(ray, refs: list, on_done) -> None:
+    """Wait for task refs; re-raise a task's own error (not Ray's wrapper), cancel the rest."""
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=2.0)
+            for ref in ready:
+                on_done(ray.get(ref))
+            if not ready:
+                on_done(None)
+    except ray.exceptions.RayTaskError as exc:
+        for ref in pending:
+            ray.cancel(ref)
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
+
+
+def _stats_pass(ray, fs, job, out: Path, remote_opts: dict, progress: bool) -> None:
+    """Row norms and per-device z-score statistics, streamed; stored in the Gram store."""
+    method = job["preprocessing"]
+    blocks = [tuple(b) for b in job["col_blocks"]]
+    t = job["tile_rows"]
+    fn = ray.remote(tasks.moments_task).options(**remote_opts)
+    refs, owners = [], []
+    for d, dev in enumerate(job["devices"]):
+        n_d = job["offsets"][d + 1] - job["offsets"][d]
+        for r0 in range(0, n_d, t):
+            path = fs.array_path(dev, job["space"])
+            refs.append(fn.remote(path, r0, min(r0 + t, n_d), blocks, method))
+            owners.append(d)
+    if progress:
+        print(
+            f"gram {job['space']}: statistics pass ({method}), {len(refs)} tasks",
+            file=sys.stderr,
+            flush=True,
+        )
+    results = []
+    _run_tasks(ray, refs, lambda r: None)
+    results = ray.get(refs)  # in submission order: a fixed summation order
+    root = zarr.open_group(str(out), mode="r+")
+    norms = np.concatenate([r["norms"] for r in results])
+    root.create_array(
+        "row_norms",
+        data=norms,
+        chunks=(max(1, norms.size),),
+        compressors=[Crc32cCodec()],
+        overwrite=True,
+    )
+    if method in tasks.ZSCORE_METHODS:
+        for d, dev in enumerate(job["devices"]):
+            mine = [r for r, o in zip(results, owners, strict=True) if o == d]
+            s1, s2 = np.zeros_like(mine[0]["s1"]), np.zeros_like(mine[0]["s2"])
+            for r in mine:
+                s1 += r["s1"]
+                s2 += r["s2"]
+            n_d = job["offsets"][d + 1] - job["offsets"][d]
+            st = PreprocessStats.from_moments(method, n_d, s1, s2)
+            for name, value in (("mean", st.mean), ("scale", st.scale)):
+                root.create_array(
+                    f"stats/{dev}/{name}",
+                    data=value,
+                    chunks=(value.size,),
+                    compressors=[Crc32cCodec()],
+                    overwrite=True,
+                )
+    job["stats_done"] = True
+    tasks.write_json_atomic(out / JOB_FILE, job)
+
+
+def _load_stats(out: Path, job: dict):
+    method = job["preprocessing"]
+    norms = stats = None
+    if method in tasks.L2_METHODS:
+        norms = np.asarray(zarr.open_array(str(out / "row_norms"), mode="r")[:])
+    if method in tasks.ZSCORE_METHODS:
+        stats = []
+        for dev in job["devices"]:
+            grp = out / "stats" / dev
+            stats.append(
+                (
+                    np.asarray(zarr.open_array(str(grp / "mean"), mode="r")[:]),
+                    np.asarray(zarr.open_array(str(grp / "scale"), mode="r")[:]),
+                )
+            )
+    return stats, norms
+
+
+def compute_gram(
+    store_path: str | os.PathLike,
+    space: str,
+    out_path: str | os.PathLike,
+    *,
+    preprocessing: str = "none",
+    tile_rows: int | None = None,
+    address: str | None = None,
+    max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
+    progress: bool = True,
+    num_cpus: int | None = None,
+    max_retries: int = 3,
+    _probe: dict | None = None,
+) -> GramStore:
+    """Compute the linear Gram of one feature space over all its samples, on Ray.
+
+    ``G = Z Zᵀ`` where ``Z`` stacks the preprocessed rows of every device that has
+    features in ``space`` (devices in sorted order). Tiles of the upper triangle are Ray
+    tasks that read row ranges of the Zarr arrays, accumulate in float64 over feature
+    blocks in a fixed order, and each write one whole Gram chunk and a completion marker.
+    Results are bit-identical whatever the number of workers and retries.
+
+    Parameters
+    ----------
+    store_path : str or Path
+        Feature store.
+    space : str
+        Feature space.
+    out_path : str or Path
+        Gram store to create, or a partial one to resume (finished tiles are skipped).
+    preprocessing : {"none", "l2", "zscore", "l2_zscore"}
+        Applied per device with statistics over all that device's samples
+        (:mod:`mmdtl2_dist.core.preprocessing`); the statistics are stored.
+    tile_rows : int, optional
+        Rows per tile. Default: up to 2,048, aligned to the store's chunks, fitting
+        ``max_task_memory_mb``.
+    address : str, optional
+        Ray cluster address (``"auto"``, ``"ray://host:10001"``); default: the running
+        Ray session if any, else a new local one (stopped on return).
+    max_task_memory_mb : float
+        Memory bound of one task; sets the feature block width and is requested from Ray
+        as the task's ``memory`` resource.
+    progress : bool
+        Print progress lines to stderr.
+    num_cpus : int, optional
+        CPUs of a new local Ray (default: all).
+    max_retries : int
+        Retries of a task whose worker died.
+
+    Returns
+    -------
+    GramStore
+        The finished store; ``last_run`` says how many tiles were computed and skipped.
+    """
+    if preprocessing not in PREPROCESSING:
+        raise ValueError(f"preprocessing must be one of {PREPROCESSING}, got {preprocessing!r}.")
+    fs = FeatureStore.open(store_path)
+    devices = fs.devices_in(space)
+    out = Path(out_path).absolute()
+    arr0 = fs.array(devices[0], space)
+    itemsize = arr0.dtype.itemsize
+    n_rows = sum(fs.shape(d, space)[0] for d in devices)
+    n_features = fs.shape(devices[0], space)[1]
+    chunk_rows, chunk_cols = arr0.chunks
+    stored = json.loads((out / JOB_FILE).read_text()) if (out / JOB_FILE).exists() else None
+    if tile_rows is None:
+        tile_rows = (
+            stored["tile_rows"]
+            if stored
+            else choose_tile_rows(n_rows, chunk_rows, chunk_cols, max_task_memory_mb, itemsize)
+        )
+    if stored:  # resume with the stored feature blocks (same summation order, same bits)
+        col_blocks = [tuple(b) for b in stored["col_blocks"]]
+        span = max(c1 - c0 for c0, c1 in col_blocks)
+        need = task_memory_bytes(tile_rows, span, itemsize)
+        if need > max_task_memory_mb * 2**20 and stored.get("tile_rows") == tile_rows:
+            raise ValueError(
+                f"resuming {out} needs {need / 2**20:.0f} MB per task (its feature blocks of "
+                f"{span}); raise max_task_memory_mb or start anew in another out_path."
+            )
+    else:
+        col_blocks = feature_blocks(n_features, chunk_cols, tile_rows, max_task_memory_mb, itemsize)
+    job = _job_spec(fs, space, devices, preprocessing, tile_rows, col_blocks)
+    if stored:
+        job = _check_resumable(out, job)
+    else:
+        _create_skeleton(out, job, fs)
+    if job.get("complete"):
+        return GramStore.open(out)
+
+    t_start = time.monotonic()
+    tiles = gram_tile_plan(job["n_rows"], job["tile_rows"])
+    ray, owned = _ensure_ray(address, num_cpus)
+    try:
+        mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
+        opts = {"num_cpus": 1, "max_retries": max_retries, "memory": int(mem)}
+        if not job["stats_done"]:
+            _stats_pass(ray, fs, job, out, opts, progress)
+        stats, norms = _load_stats(out, job)
+        gs = GramStore.open(out)
+        done = set(gs.finished_tiles())
+        todo = [t for t in tiles if t.key not in done]
+        summary = plan_summary(job["n_rows"], job["n_features"], tiles, col_blocks)
+        task_job = {
+            "arrays": [fs.array_path(d, space) for d in devices],
+            "offsets": job["offsets"],
+            "col_blocks": [tuple(b) for b in col_blocks],
+            "method": preprocessing,
+            "gram_path": str(out / "gram"),
+            "tiles_dir": str(out / TILES_DIR),
+        }
+        stats_ref = ray.put(stats)
+        norms_ref = ray.put(norms)
+        fn = ray.remote(tasks.gram_tile_task).options(**opts)
+        refs = [fn.remote(task_job, t, stats_ref, norms_ref, _probe) for t in todo]
+        bar = _Progress(
+            f"gram {space}",
+            len(tiles),
+            len(tiles) - len(todo),
+            summary["flops"] / len(tiles),
+            progress,
+        )
+        counter = {"n": 0}
+
+        def on_done(result):
+            if result is not None:
+                counter["n"] += 1
+            bar.update(counter["n"], force=counter["n"] == len(todo))
+
+        _run_tasks(ray, refs, on_done)
+    finally:
+        if owned:
+            ray.shutdown()
+
+    _finish(out, job, tiles)
+    job["complete"] = True
+    job["last_run"] = {
+        "computed": len(todo),
+        "skipped": len(tiles) - len(todo),
+        "seconds": time.monotonic() - t_start,
+        **summary,
+    }
+    tasks.write_json_atomic(out / JOB_FILE, job)
+    return GramStore.open(out)
+
+
+def _finish(out: Path, job: dict, tiles) -> None:
+    """Check every tile is marked done and store the Gram diagonal (squared norms)."""
+    markers = {p.stem for p in (out / TILES_DIR).glob("*.json")}
+    missing = [t.key for t in tiles if t.key not in markers]
+    if missing:
+        raise RuntimeError(f"Gram job finished with tiles not done: {missing[:10]}.")
+    gram = zarr.open_array(str(out / "gram"), mode="r")
+    sq = np.empty(job["n_rows"])
+    for t in tiles:
+        if t.diagonal:
+            sq[t.a0 : t.a1] = np.diag(gram[t.a0 : t.a1, t.a0 : t.a1])
+    root = zarr.open_group(str(out), mode="r+")
+    root.create_array(
+        "sq_norms", data=sq, chunks=(max(1, sq.size),), compressors=[Crc32cCodec()], overwrite=True
+    )

@@ -1,0 +1,167 @@
+"""Pure planning of a Gram job: row tiles, feature blocks, memory (no Ray, no I/O).
+
+The Gram ``G = X Xᵀ`` of ``n`` rows is cut into square tiles of ``tile_rows`` rows; tile
+``(i, j)`` with ``i <= j`` (the upper triangle only) is one task and owns the whole Gram
+chunk ``(i, j)``. Inside a task, the two row tiles are streamed in column blocks of
+``col_span`` features (a multiple of the feature store's column chunk), so the task's
+memory is bounded by :func:`task_memory_bytes` whatever the dimension ``L``.
+
+The rows of a space shared by several devices are the concatenation of each device's
+rows, devices in sorted order (:func:`row_segments` maps a global row range back to the
+device arrays).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_TILE_ROWS = 2048
+DEFAULT_TASK_MEMORY_MB = 1024
+TARGET_COL_SPAN = 8192
+_FIXED_OVERHEAD = 96 << 20  # interpreter, numpy, zarr and Ray worker baseline
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One Gram task: rows ``[a0, a1)`` against rows ``[b0, b1)``, chunk ``(i, j)``."""
+
+    i: int
+    j: int
+    a0: int
+    a1: int
+    b0: int
+    b1: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.i}_{self.j}"
+
+    @property
+    def diagonal(self) -> bool:
+        return self.i == self.j
+
+
+def gram_tile_plan(n_rows: int, tile_rows: int) -> list[Tile]:
+    """Upper-triangle tiles of an ``n_rows`` Gram, off-diagonal tiles first.
+
+    Off-diagonal tiles cost twice a diagonal one (which uses the symmetric product), so
+    scheduling them first packs the workers better; the order never changes results.
+
+    Parameters
+    ----------
+    n_rows : int
+        Rows of the Gram (samples of the space).
+    tile_rows : int
+        Rows per tile (and per Gram chunk side).
+    """
+    if n_rows < 1 or tile_rows < 1:
+        raise ValueError(f"need n_rows >= 1 and tile_rows >= 1, got {n_rows}, {tile_rows}.")
+    bounds = [(s, min(s + tile_rows, n_rows)) for s in range(0, n_rows, tile_rows)]
+    tiles = [
+        Tile(i, j, *bounds[i], *bounds[j])
+        for i in range(len(bounds))
+        for j in range(i, len(bounds))
+    ]
+    return sorted(tiles, key=lambda t: (t.diagonal, t.i, t.j))
+
+
+def row_segments(offsets: list[int], start: int, stop: int) -> list[tuple[int, int, int]]:
+    """Split global rows ``[start, stop)`` into ``(device_index, local_start, local_stop)``.
+
+    Parameters
+    ----------
+    offsets : list of int
+        Cumulative row counts ``[0, n_0, n_0 + n_1, ...]`` of the devices, in Gram order.
+    """
+    segs = []
+    for d in range(len(offsets) - 1):
+        lo, hi = max(start, offsets[d]), min(stop, offsets[d + 1])
+        if lo < hi:
+            segs.append((d, lo - offsets[d], hi - offsets[d]))
+    return segs
+
+
+def task_memory_bytes(tile_rows: int, col_span: int, itemsize: int = 4) -> int:
+    """Peak memory of one Gram task (upper bound used for planning and Ray scheduling).
+
+    Two row tiles of ``col_span`` columns are held as stored (``itemsize``) and as float64,
+    plus the zarr decode buffer, the float64 accumulator and one product block.
+    """
+    block = tile_rows * col_span
+    return 2 * block * (2 * itemsize + 8) + 2 * tile_rows * tile_rows * 8 + _FIXED_OVERHEAD
+
+
+def feature_blocks(
+    n_features: int, chunk_cols: int, tile_rows: int, max_task_memory_mb: float, itemsize: int = 4
+) -> list[tuple[int, int]]:
+    """Column blocks ``(c0, c1)`` a task streams, aligned to the store's column chunks.
+
+    The span is the largest multiple of ``chunk_cols`` up to about 8,192 columns whose
+    task fits ``max_task_memory_mb``.
+
+    Raises
+    ------
+    ValueError
+        If even one column chunk does not fit; the message gives the largest tile that does.
+    """
+    budget = max_task_memory_mb * 2**20
+    if task_memory_bytes(tile_rows, min(chunk_cols, n_features), itemsize) > budget:
+        fit = max_tile_rows(min(chunk_cols, n_features), max_task_memory_mb, itemsize)
+        raise ValueError(
+            f"a Gram task of tile_rows={tile_rows} needs "
+            f"{task_memory_bytes(tile_rows, min(chunk_cols, n_features), itemsize) / 2**20:.0f} MB "
+            f"with column blocks of {chunk_cols}, over max_task_memory_mb={max_task_memory_mb}; "
+            f"use tile_rows <= {fit} or raise max_task_memory_mb."
+        )
+    k = max(1, TARGET_COL_SPAN // chunk_cols)
+    while k > 1 and task_memory_bytes(tile_rows, k * chunk_cols, itemsize) > budget:
+        k -= 1
+    span = k * chunk_cols
+    return [(c, min(c + span, n_features)) for c in range(0, n_features, span)]
+
+
+def max_tile_rows(col_span: int, max_task_memory_mb: float, itemsize: int = 4) -> int:
+    """Largest tile whose task fits the memory budget with ``col_span`` columns."""
+    budget = max_task_memory_mb * 2**20 - _FIXED_OVERHEAD
+    # 16 t^2 + 2 (2 itemsize + 8) span t - budget = 0
+    b = 2 * (2 * itemsize + 8) * col_span
+    return max(0, int((-b + math.sqrt(b * b + 64 * max(budget, 0))) / 32))
+
+
+def choose_tile_rows(
+    n_rows: int,
+    chunk_rows: int,
+    chunk_cols: int,
+    max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
+    itemsize: int = 4,
+    n_workers: int = 2,
+) -> int:
+    """Default tile size for a Gram of ``n_rows``.
+
+    At most 2,048 rows, a multiple of the store's chunk rows, small enough that there are
+    at least ``n_workers`` row tiles, and fitting ``max_task_memory_mb``.
+    """
+    fit = max_tile_rows(chunk_cols, max_task_memory_mb, itemsize)
+    want = min(DEFAULT_TILE_ROWS, fit, math.ceil(n_rows / max(1, n_workers)))
+    if want >= chunk_rows:
+        # Align tiles with the store's row chunks so each chunk is decoded by few tasks.
+        up = math.ceil(want / chunk_rows) * chunk_rows
+        want = up if up <= min(fit, DEFAULT_TILE_ROWS) else (want // chunk_rows) * chunk_rows
+    return int(max(1, min(want, n_rows)))
+
+
+def plan_summary(n_rows: int, n_features: int, tiles: list[Tile], blocks: list) -> dict:
+    """Flops and bytes of a plan (for progress lines and the cluster cost model)."""
+    pairs = sum((t.a1 - t.a0) * (t.b1 - t.b0) * (0.5 if t.diagonal else 1.0) for t in tiles)
+    reads = sum((t.a1 - t.a0) + (0 if t.diagonal else t.b1 - t.b0) for t in tiles)
+    return {
+        "tiles": len(tiles),
+        "feature_blocks": len(blocks),
+        "flops": 2.0 * pairs * n_features,
+        "rows_read": int(reads),
+        "read_amplification": float(reads / max(n_rows, 1)),
+        "gram_entries": int(np.sum([(t.a1 - t.a0) * (t.b1 - t.b0) for t in tiles])),
+    }

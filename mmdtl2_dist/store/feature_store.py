@@ -1,0 +1,634 @@
+"""The feature store: Zarr arrays of features with a Parquet table of per-sample metadata.
+
+See :mod:`mmdtl2_dist.store.layout` for the layout on disk. :class:`StoreWriter` builds a
+store atomically (everything goes to a hidden sibling directory that is renamed into
+place only when complete); :class:`FeatureStore` reads one; :func:`read_array_block` is
+the small, picklable reader the Gram engine's tasks use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from mmdtl2_dist.store.layout import (
+    FEATURES_GROUP,
+    FORMAT_VERSION,
+    METADATA_COLUMNS,
+    METADATA_FILE,
+    ROOT_ATTR,
+    array_key,
+    check_name,
+    choose_chunks,
+)
+
+COMPRESSION = ("none", "zstd")
+_MAX_ROWS_NAMED = 20
+
+
+class CorruptChunkError(ValueError):
+    """A chunk of a Zarr array failed its checksum, could not be decoded or is missing.
+
+    Attributes
+    ----------
+    array_path : str
+        Absolute path of the Zarr array.
+    chunks : list of tuple of int
+        Grid coordinates of the bad chunks.
+    """
+
+    def __init__(self, array_path: str, chunks: list[tuple[int, ...]], reason: str):
+        self.array_path = array_path
+        self.chunks = chunks
+        listed = ", ".join(str(c) for c in chunks[:10])
+        more = f" and {len(chunks) - 10} more" if len(chunks) > 10 else ""
+        super().__init__(
+            f"corrupt data in {array_path}: chunk(s) {listed}{more} {reason}. The store is "
+            "damaged; re-run `mmdtl2 ingest` (or restore it from a copy). "
+            "`FeatureStore.open(path).verify()` lists every bad chunk."
+        )
+
+    def __reduce__(self):
+        # Keep the attributes when the error crosses a Ray process boundary.
+        return (_rebuild_corrupt, (self.array_path, self.chunks, str(self)))
+
+
+def _rebuild_corrupt(array_path, chunks, message):
+    err = CorruptChunkError.__new__(CorruptChunkError)
+    ValueError.__init__(err, message)
+    err.array_path, err.chunks = array_path, chunks
+    return err
+
+
+def _chunk_grid(shape, chunks, r0, r1, c0, c1) -> list[tuple[int, int]]:
+    rs = range(r0 // chunks[0], (max(r1, r0 + 1) - 1) // chunks[0] + 1)
+    cs = range(c0 // chunks[1], (max(c1, c0 + 1) - 1) // chunks[1] + 1)
+    return [(i, j) for i in rs for j in cs]
+
+
+def _locate_bad_chunks(arr, r0: int, r1: int, c0: int, c1: int) -> tuple[list, str]:
+    """Read a region chunk by chunk to name the chunks that fail or read as missing."""
+    bad, reasons = [], set()
+    cr, cc = arr.chunks
+    for i, j in _chunk_grid(arr.shape, arr.chunks, r0, r1, c0, c1):
+        sl = (
+            slice(i * cr, min((i + 1) * cr, arr.shape[0])),
+            slice(j * cc, min((j + 1) * cc, arr.shape[1])),
+        )
+        try:
+            block = arr[sl]
+        except Exception as exc:  # noqa: BLE001 - any decode failure is corruption here
+            bad.append((i, j))
+            reasons.add(f"failed to decode ({type(exc).__name__}: {exc})")
+            continue
+        if np.issubdtype(block.dtype, np.floating) and np.isnan(block).all():
+            bad.append((i, j))
+            reasons.add("are missing (read back as the NaN fill value)")
+    return bad, "; ".join(sorted(reasons)) or "could not be read"
+
+
+_OPEN_ARRAYS: dict[str, zarr.Array] = {}
+
+
+def _open_cached(array_path: str) -> zarr.Array:
+    arr = _OPEN_ARRAYS.get(array_path)
+    if arr is None:
+        arr = zarr.open_array(array_path, mode="r")
+        if len(_OPEN_ARRAYS) > 64:
+            _OPEN_ARRAYS.clear()
+        _OPEN_ARRAYS[array_path] = arr
+    return arr
+
+
+def read_array_block(array_path: str, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+    """Read ``array[r0:r1, c0:c1]`` of a feature array, refusing damaged data.
+
+    Parameters
+    ----------
+    array_path : str
+        Absolute path of the Zarr array (as given by :meth:`FeatureStore.array_path`).
+    r0, r1, c0, c1 : int
+        Row and column range.
+
+    Returns
+    -------
+    ndarray of shape (r1 - r0, c1 - c0)
+        The stored values, in the stored dtype.
+
+    Raises
+    ------
+    CorruptChunkError
+        If a chunk fails its checksum, cannot be decoded, or is missing.
+    """
+    arr = _open_cached(array_path)
+    try:
+        block = arr[r0:r1, c0:c1]
+    except Exception as exc:  # noqa: BLE001 - translated into a located error below
+        bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
+        raise CorruptChunkError(array_path, bad or [("?",)], reason) from exc
+    # Ingest refuses NaN and NaN is the fill value: a NaN here is a lost chunk.
+    if block.size and not np.isfinite(block).all():
+        bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
+        raise CorruptChunkError(array_path, bad or [("?",)], reason or "hold non-finite values")
+    return block
+
+
+class ArrayWriter:
+    """Sequential writer of one feature array inside a :class:`StoreWriter`.
+
+    Rows are appended in order (:meth:`append`) and written to Zarr one chunk-row band
+    at a time, so memory stays at one band whatever the array size.
+    """
+
+    def __init__(self, arr: zarr.Array, device: str, space: str, source: str):
+        self._arr = arr
+        self.device, self.space, self.source = device, space, source
+        self.n_rows, self.n_features = arr.shape
+        self._band = np.empty((arr.chunks[0], self.n_features), dtype=arr.dtype)
+        self._fill = 0
+        self.rows_written = 0
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._bad_rows: list[int] = []
+        self._n_bad = 0
+        self.meta: dict[str, np.ndarray] = {}
+
+    def append(self, block: np.ndarray) -> None:
+        """Append rows (samples) in order; non-finite rows are recorded and refused."""
+        block = np.asarray(block)
+        if block.ndim == 1:
+            block = block[None, :]
+        if block.ndim != 2 or block.shape[1] != self.n_features:
+            raise ValueError(
+                f"{self.source}: rows of shape {block.shape} do not fit the array "
+                f"{self.device}/{self.space} of {self.n_features} features."
+            )
+        if self.rows_written + block.shape[0] > self.n_rows:
+            raise ValueError(
+                f"{self.source}: {self.rows_written + block.shape[0]} rows given for "
+                f"{self.device}/{self.space}, declared {self.n_rows}."
+            )
+        if not np.issubdtype(block.dtype, np.number) or np.iscomplexobj(block):
+            raise ValueError(
+                f"{self.source}: features must be real numbers, got dtype {block.dtype}."
+            )
+        finite = np.isfinite(block).all(axis=1)
+        if not finite.all():
+            rows = self.rows_written + np.flatnonzero(~finite)
+            self._n_bad += rows.size
+            self._bad_rows.extend(rows[: _MAX_ROWS_NAMED - len(self._bad_rows)].tolist())
+        start = 0
+        while start < block.shape[0]:
+            take = min(block.shape[0] - start, self._band.shape[0] - self._fill)
+            self._band[self._fill : self._fill + take] = block[start : start + take]
+            self._fill += take
+            start += take
+            self.rows_written += take
+            if self._fill == self._band.shape[0] or self.rows_written == self.n_rows:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._fill == 0:
+            return
+        stop = self.rows_written
+        band = self._band[: self._fill]
+        if self._n_bad == 0:  # once refused, stop writing but keep scanning for rows to name
+            self._arr[stop - self._fill : stop] = band
+            self._hash.update(np.ascontiguousarray(band).tobytes())
+        self._fill = 0
+
+    def set_metadata(self, **columns) -> None:
+        """Per-sample metadata: ``label``, ``class_name``, ``group``, ``sample_id``."""
+        for name, values in columns.items():
+            if values is None:
+                continue
+            if name not in ("label", "class_name", "group", "sample_id"):
+                raise ValueError(f"unknown metadata column {name!r}.")
+            values = np.asarray(values).reshape(-1)
+            if values.shape[0] != self.n_rows:
+                raise ValueError(
+                    f"{self.source}: {name} has {values.shape[0]} entries for "
+                    f"{self.n_rows} samples of {self.device}/{self.space}."
+                )
+            self.meta[name] = values
+
+    def finish(self) -> tuple[pd.DataFrame, str]:
+        """Check completeness and finiteness; return the metadata table and data hash."""
+        if self._n_bad:
+            listed = ", ".join(str(r) for r in self._bad_rows)
+            more = (
+                f" (and {self._n_bad - len(self._bad_rows)} more)"
+                if self._n_bad > len(self._bad_rows)
+                else ""
+            )
+            raise ValueError(
+                f"{self.source}: {self._n_bad} sample(s) of {self.device}/{self.space} hold NaN "
+                f"or Inf, rows {listed}{more} (0-based). Remove or repair them before ingest."
+            )
+        if self.rows_written != self.n_rows:
+            raise ValueError(
+                f"{self.source}: {self.rows_written} rows written to {self.device}/{self.space}, "
+                f"declared {self.n_rows}."
+            )
+        n = self.n_rows
+        label = self.meta.get("label")
+        label = np.full(n, -1, np.int64) if label is None else _as_int_labels(label, self.source)
+        class_name = self.meta.get("class_name")
+        if class_name is None:
+            class_name = np.where(label >= 0, label.astype(str), "")
+        group = self.meta.get("group")
+        sample_id = self.meta.get("sample_id")
+        table = pd.DataFrame(
+            {
+                "device": self.device,
+                "space": self.space,
+                "row": np.arange(n, dtype=np.int64),
+                "label": label,
+                "class_name": np.asarray(class_name).astype(str),
+                "group": np.full(n, "") if group is None else np.asarray(group).astype(str),
+                "sample_id": (
+                    np.array([f"{self.device}/{i}" for i in range(n)])
+                    if sample_id is None
+                    else np.asarray(sample_id).astype(str)
+                ),
+            }
+        )
+        return table, self._hash.hexdigest()
+
+
+def _as_int_labels(label: np.ndarray, source: str) -> np.ndarray:
+    if label.dtype.kind in "iu":
+        return label.astype(np.int64)
+    if label.dtype.kind == "f" and np.all(np.isfinite(label)) and np.all(label == np.round(label)):
+        return label.astype(np.int64)
+    raise ValueError(
+        f"{source}: labels must be integers, got dtype {label.dtype} (e.g. {label[:3]!r}); "
+        "give class names separately as class_name."
+    )
+
+
+class StoreWriter:
+    """Build a feature store atomically.
+
+    Everything is written under a hidden sibling directory, which is renamed to ``path``
+    only when :meth:`commit` succeeds (the ``with`` block exits normally). A failure
+    leaves nothing at ``path``.
+
+    Parameters
+    ----------
+    path : str or Path
+        Directory of the new store.
+    overwrite : bool
+        Replace an existing store at ``path`` (only once the new one is complete).
+    compression : {"none", "zstd"}
+        Chunk compression; a CRC32C checksum is always added.
+    progress : bool
+        Print progress lines to stderr for large arrays.
+
+    Examples
+    --------
+    >>> with StoreWriter("study.zarr") as w:                      # doctest: +SKIP
+    ...     a = w.create_array("cam_a", "conv3", n_rows=734, n_features=64896)
+    ...     a.append(X)
+    ...     a.set_metadata(label=y)
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        compression: str = "none",
+        progress: bool = False,
+    ):
+        self.path = Path(path).absolute()
+        if self.path.exists() and not overwrite:
+            raise ValueError(
+                f"{self.path} already exists; pass overwrite=True (--overwrite) or choose "
+                "another path."
+            )
+        if compression not in COMPRESSION:
+            raise ValueError(f"compression must be one of {COMPRESSION}, got {compression!r}.")
+        self.overwrite = overwrite
+        self.compression = compression
+        self.progress = progress
+        self._tmp = self.path.parent / f".{self.path.name}.tmp-{uuid.uuid4().hex[:12]}"
+        self._writers: list[ArrayWriter] = []
+        self._root = None
+
+    def __enter__(self) -> StoreWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._root = zarr.open_group(str(self._tmp), mode="w-")
+        self._root.create_group(FEATURES_GROUP)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.commit()
+        finally:
+            if self._tmp.exists():
+                shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def create_array(
+        self,
+        device: str,
+        space: str,
+        n_rows: int,
+        n_features: int,
+        *,
+        dtype=np.float32,
+        chunk_rows: int | None = None,
+        source: str = "",
+    ) -> ArrayWriter:
+        """Add the feature array of one device in one space and return its writer."""
+        check_name("device", device)
+        check_name("space", space)
+        dtype = np.dtype(dtype)
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"feature dtype must be float32 or float64, got {dtype}.")
+        if any(w.device == device and w.space == space for w in self._writers):
+            raise ValueError(f"{device}/{space} is given twice; give each device/space once.")
+        chunks = choose_chunks(n_rows, n_features, dtype.itemsize, chunk_rows)
+        compressors = (
+            [ZstdCodec(level=1), Crc32cCodec()] if self.compression == "zstd" else [Crc32cCodec()]
+        )
+        self._root.require_group(f"{FEATURES_GROUP}/{device}")
+        arr = zarr.create_array(
+            store=str(self._tmp / array_key(device, space)),
+            shape=(n_rows, n_features),
+            chunks=chunks,
+            dtype=dtype,
+            compressors=compressors,
+            fill_value=np.nan,
+            zarr_format=3,
+        )
+        writer = ArrayWriter(arr, device, space, source or f"{device}/{space}")
+        self._writers.append(writer)
+        return writer
+
+    def write_array(
+        self,
+        device: str,
+        space: str,
+        blocks: Iterator[np.ndarray],
+        n_rows: int,
+        n_features: int,
+        **kwargs,
+    ) -> ArrayWriter:
+        """Create an array and fill it from an iterator of row blocks, with progress."""
+        dtype = kwargs.pop("dtype", np.float32)
+        w = self.create_array(device, space, n_rows, n_features, dtype=dtype, **kwargs)
+        show = self.progress and n_rows * n_features * w._band.itemsize >= 256 << 20
+        t0 = last = time.monotonic()
+        for block in blocks:
+            w.append(block)
+            now = time.monotonic()
+            if show and (now - last > 2.0 or w.rows_written == n_rows):
+                last = now
+                print(
+                    f"ingest {device}/{space}: {w.rows_written:,}/{n_rows:,} rows "
+                    f"({100 * w.rows_written / n_rows:.0f}%), {now - t0:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return w
+
+    def commit(self) -> None:
+        """Validate, write the metadata table and fingerprint, and move into place."""
+        if not self._writers:
+            raise ValueError("a feature store needs at least one array; none was given.")
+        tables, hashes = [], []
+        for w in self._writers:
+            table, digest = w.finish()
+            tables.append(table)
+            hashes.append((w.device, w.space, w.n_rows, w.n_features, str(w._arr.dtype), digest))
+        _check_consistency(self._writers, tables)
+        metadata = pd.concat(tables, ignore_index=True)
+        metadata = metadata.sort_values(["device", "space", "row"], kind="stable")
+        metadata = metadata.reset_index(drop=True)
+        metadata.to_parquet(self._tmp / METADATA_FILE, index=False)
+        fingerprint = _fingerprint(sorted(hashes), metadata)
+        self._root.attrs[ROOT_ATTR] = {
+            "format": FORMAT_VERSION,
+            "fingerprint": fingerprint,
+            "arrays": [
+                {"device": d, "space": s, "n_rows": n, "n_features": L, "dtype": t}
+                for d, s, n, L, t, _ in sorted(hashes)
+            ],
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        old = None
+        if self.path.exists():
+            if not self.overwrite:
+                raise ValueError(f"{self.path} appeared while writing; not replacing it.")
+            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:12]}"
+            os.replace(self.path, old)
+        os.replace(self._tmp, self.path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_consistency(writers: list[ArrayWriter], tables: list[pd.DataFrame]) -> None:
+    by_space: dict[str, int] = {}
+    by_device: dict[str, tuple[ArrayWriter, pd.DataFrame]] = {}
+    for w, t in zip(writers, tables, strict=True):
+        if by_space.setdefault(w.space, w.n_features) != w.n_features:
+            raise ValueError(
+                f"space {w.space!r} has {by_space[w.space]} features on one device and "
+                f"{w.n_features} on {w.device!r}; a space must have one dimension (name "
+                "spaces of different dimension differently, e.g. conv3 and conv5)."
+            )
+        if w.device in by_device:
+            w0, t0 = by_device[w.device]
+            same = (
+                w0.n_rows == w.n_rows
+                and np.array_equal(t0["label"].to_numpy(), t["label"].to_numpy())
+                and np.array_equal(t0["sample_id"].to_numpy(), t["sample_id"].to_numpy())
+            )
+            if not same:
+                raise ValueError(
+                    f"device {w.device!r} has spaces {w0.space!r} ({w0.n_rows} rows) and "
+                    f"{w.space!r} ({w.n_rows} rows) with different samples, labels or ids; "
+                    "the spaces of one device must describe the same samples in the same order."
+                )
+        else:
+            by_device[w.device] = (w, t)
+
+
+def _fingerprint(hashes: list[tuple], metadata: pd.DataFrame) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for item in hashes:
+        h.update(repr(item).encode())
+    h.update(metadata.to_csv(index=False).encode())
+    return h.hexdigest()
+
+
+class FeatureStore:
+    """Read access to a feature store (see :mod:`mmdtl2_dist.store.layout`).
+
+    Open with :meth:`open`. ``metadata`` has one row per (device, space, row) with
+    columns ``device, space, row, label, class_name, group, sample_id``.
+    """
+
+    def __init__(self, path: Path, attrs: dict, metadata: pd.DataFrame):
+        self.path = path
+        self._attrs = attrs
+        self.metadata = metadata
+        self._arrays = {(a["device"], a["space"]): a for a in attrs["arrays"]}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> FeatureStore:
+        """Open an existing store.
+
+        Raises
+        ------
+        FileNotFoundError
+            If ``path`` does not exist.
+        ValueError
+            If ``path`` is not a complete feature store.
+        """
+        path = Path(path).absolute()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"no feature store at {path}; create one with `mmdtl2 ingest` or `mmdtl2 synth`."
+            )
+        try:
+            attrs = dict(zarr.open_group(str(path), mode="r").attrs).get(ROOT_ATTR)
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"{path} is not a Zarr feature store ({exc}).") from exc
+        if not attrs or attrs.get("format") != FORMAT_VERSION:
+            raise ValueError(
+                f"{path} is not a feature store of format {FORMAT_VERSION} (attribute "
+                f"{ROOT_ATTR!r} missing or of another version)."
+            )
+        metadata = pd.read_parquet(path / METADATA_FILE)
+        return cls(path, attrs, metadata[list(METADATA_COLUMNS)])
+
+    @property
+    def fingerprint(self) -> str:
+        """Content hash of the features and metadata (computed at ingest)."""
+        return self._attrs["fingerprint"]
+
+    @property
+    def devices(self) -> list[str]:
+        """Device names, sorted."""
+        return sorted({d for d, _ in self._arrays})
+
+    @property
+    def spaces(self) -> list[str]:
+        """Feature-space names, sorted."""
+        return sorted({s for _, s in self._arrays})
+
+    def devices_in(self, space: str) -> list[str]:
+        """Devices that have features in ``space``, sorted (the Gram's row order)."""
+        self._check_space(space)
+        return sorted(d for d, s in self._arrays if s == space)
+
+    def has(self, device: str, space: str) -> bool:
+        return (device, space) in self._arrays
+
+    def shape(self, device: str, space: str) -> tuple[int, int]:
+        a = self._entry(device, space)
+        return a["n_rows"], a["n_features"]
+
+    def array_path(self, device: str, space: str) -> str:
+        """Absolute path of a feature array (what engine tasks are given)."""
+        self._entry(device, space)
+        return str(self.path / array_key(device, space))
+
+    def array(self, device: str, space: str) -> zarr.Array:
+        return zarr.open_array(self.array_path(device, space), mode="r")
+
+    def read(
+        self,
+        device: str,
+        space: str,
+        rows: slice | np.ndarray | list[int] | None = None,
+        cols: slice | None = None,
+    ) -> np.ndarray:
+        """Read features of samples ``rows`` (all by default), in the stored dtype.
+
+        Raises
+        ------
+        CorruptChunkError
+            If a chunk read is damaged or missing.
+        """
+        n, L = self.shape(device, space)
+        path = self.array_path(device, space)
+        c0, c1, step = (cols or slice(None)).indices(L)
+        if step != 1:
+            raise ValueError("cols must be a contiguous slice.")
+        if rows is None or isinstance(rows, slice):
+            r0, r1, step = (rows or slice(None)).indices(n)
+            block = read_array_block(path, r0, max(r0, r1), c0, c1)
+            return block if step == 1 else block[::step]
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= n):
+            raise ValueError(
+                f"rows must lie in [0, {n}) for {device}/{space}, got range "
+                f"[{rows.min()}, {rows.max()}]."
+            )
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        out = np.empty((uniq.size, c1 - c0), dtype=self.array(device, space).dtype)
+        # Read contiguous runs (so each chunk is decoded once per run, checked for damage).
+        breaks = np.flatnonzero(np.diff(uniq) != 1) + 1
+        for run in np.split(np.arange(uniq.size), breaks):
+            if run.size:
+                out[run] = read_array_block(path, uniq[run[0]], uniq[run[-1]] + 1, c0, c1)
+        return out[inverse]
+
+    def verify(self) -> list[str]:
+        """Read every chunk and recompute the fingerprint; return a list of problems."""
+        problems = []
+        hashes = []
+        for (device, space), a in sorted(self._arrays.items()):
+            arr = self.array(device, space)
+            h = hashlib.blake2b(digest_size=16)
+            ok = True
+            for r0 in range(0, a["n_rows"], arr.chunks[0]):
+                r1 = min(r0 + arr.chunks[0], a["n_rows"])
+                try:
+                    band = read_array_block(self.array_path(device, space), r0, r1, 0, arr.shape[1])
+                    h.update(np.ascontiguousarray(band).tobytes())
+                except CorruptChunkError as exc:
+                    ok = False
+                    problems.append(str(exc))
+            hashes.append((device, space, a["n_rows"], a["n_features"], a["dtype"], h.hexdigest()))
+            if not ok:
+                continue
+        if not problems and _fingerprint(hashes, self.metadata) != self.fingerprint:
+            problems.append(
+                f"{self.path}: content does not match the stored fingerprint "
+                f"{self.fingerprint}; the store was modified after ingest."
+            )
+        return problems
+
+    def _check_space(self, space: str) -> None:
+        if space not in self.spaces:
+            raise ValueError(f"unknown space {space!r}; this store has spaces {self.spaces}.")
+
+    def _entry(self, device: str, space: str) -> dict:
+        try:
+            return self._arrays[(device, space)]
+        except KeyError:
+            raise ValueError(
+                f"no features for device {device!r} in space {space!r}; this store has "
+                f"{sorted(self._arrays)}."
+            ) from None
+
+    def __repr__(self) -> str:
+        arrays = ", ".join(
+            f"{d}/{s}{(a['n_rows'], a['n_features'])}" for (d, s), a in sorted(self._arrays.items())
+        )
+        return f"FeatureStore({str(self.path)!r}: {arrays})"

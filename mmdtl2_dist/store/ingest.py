@@ -1,0 +1,465 @@
+"""Convert feature files into a feature store (``mmdtl2 ingest``).
+
+Supported inputs (rows = samples):
+
+- ``.npy``: one 2-D array (memory-mapped, streamed). Metadata from a side table.
+- ``.npz`` and ``.mat`` (MATLAB v5 via scipy, v7.3 / HDF5 via h5py): a 2-D features
+  variable plus optional per-sample variables for labels, class names, groups and ids.
+  v7.3 variables are stored column-major; they are transposed back so that a MATLAB
+  ``n x L`` matrix gives ``n`` samples (use ``transpose=True`` for ``L x n`` data).
+- ``.csv`` and ``.parquet``: one row per sample; the metadata columns (``label``,
+  ``class_name``, ``group``, ``sample_id`` or the names given) are taken out and every
+  other column is a feature, in file order. A Parquet list column can hold the whole
+  feature vector instead.
+
+Data types are kept when they are float32 or float64 (so a round trip is exact);
+float16 becomes float32, integers and booleans become float64 (exact below 2**53).
+``dtype="float32"`` forces a (lossy) cast. NaN or Inf refuses the file and names the rows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mmdtl2_dist.store.feature_store import FeatureStore, StoreWriter
+
+FORMATS = (".npy", ".npz", ".mat", ".csv", ".parquet")
+META_FIELDS = ("label", "class_name", "group", "sample_id")
+_DEFAULT_KEYS = {
+    "label": ("label", "labels", "y", "Y", "labs"),
+    "class_name": ("class_name", "class_names", "classnames"),
+    "group": ("group", "groups"),
+    "sample_id": ("sample_id", "sample_ids", "id", "ids"),
+}
+_BLOCK_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class IngestInput:
+    """One input file: the features of ``device`` in ``space``.
+
+    Parameters
+    ----------
+    device, space : str
+        Names in the store.
+    path : str
+        Input file (see the module docstring for formats).
+    features_key : str, optional
+        Variable (npz/mat) or list column (parquet) holding the features; found
+        automatically when the file holds a single 2-D numeric variable.
+    keys : dict, optional
+        Variable / column names of the metadata fields ``label``, ``class_name``,
+        ``group``, ``sample_id`` when they differ from the defaults.
+    metadata_path : str, optional
+        A ``.csv`` or ``.parquet`` side table with one row per sample and any of the
+        metadata columns (needed for ``.npy``).
+    transpose : bool
+        The features are stored ``L x n`` (features as rows).
+    """
+
+    device: str
+    space: str
+    path: str
+    features_key: str | None = None
+    keys: dict | None = None
+    metadata_path: str | None = None
+    transpose: bool = False
+
+
+class _Source:
+    """A readable input: shape, dtype, row blocks and metadata columns."""
+
+    n_rows: int
+    n_features: int
+    dtype: np.dtype
+    meta: dict[str, np.ndarray]
+
+    def blocks(self, block_rows: int):
+        raise NotImplementedError
+
+
+class _ArraySource(_Source):
+    def __init__(self, array, meta, transpose: bool = False, hdf5_t: bool = False):
+        # ``hdf5_t``: the dataset is the transpose of the logical (n, L) matrix.
+        self._a, self._t = array, transpose != hdf5_t
+        shape = array.shape
+        self.n_rows, self.n_features = (shape[1], shape[0]) if self._t else shape
+        self.dtype = np.dtype(array.dtype)
+        self.meta = meta
+
+    def blocks(self, block_rows):
+        for r0 in range(0, self.n_rows, block_rows):
+            r1 = min(r0 + block_rows, self.n_rows)
+            yield np.asarray(self._a[:, r0:r1]).T if self._t else np.asarray(self._a[r0:r1])
+
+
+class _TableSource(_Source):
+    """CSV or Parquet: feature columns (or one list column) plus metadata columns."""
+
+    def __init__(self, path: Path, kind: str, features_key, keys):
+        self.path, self.kind = path, kind
+        names = self._columns()
+        meta_cols = {}
+        for field in META_FIELDS:
+            want = keys.get(field)
+            if want is not None and want not in names:
+                raise ValueError(f"{path}: no column {want!r} for {field}; columns: {names[:20]}.")
+            cands = [want] if want else [c for c in _DEFAULT_KEYS[field] if c in names]
+            if cands:
+                meta_cols[field] = cands[0]
+        self.meta_cols = meta_cols
+        self.list_col = None
+        if kind == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            schema = pq.ParquetFile(path).schema_arrow
+            lists = [
+                f.name
+                for f in schema
+                if pa.types.is_list(f.type)
+                or pa.types.is_large_list(f.type)
+                or pa.types.is_fixed_size_list(f.type)
+            ]
+            if features_key:
+                if features_key not in lists:
+                    raise ValueError(
+                        f"{path}: {features_key!r} is not a list column; lists: {lists}"
+                    )
+                self.list_col = features_key
+            elif len(lists) == 1:
+                self.list_col = lists[0]
+            elif len(lists) > 1:
+                raise ValueError(f"{path}: several list columns {lists}; pass features_key.")
+        used = set(meta_cols.values())
+        self.feature_cols = [] if self.list_col else [c for c in names if c not in used]
+        self.n_rows = self._count_rows()
+        first = next(self._raw_blocks(min(self.n_rows, 64)), None)
+        if first is None or self.n_rows == 0:
+            raise ValueError(f"{path}: no samples (empty table).")
+        feats, _ = first
+        self.n_features = feats.shape[1]
+        if self.n_features == 0:
+            raise ValueError(f"{path}: no feature columns besides metadata {sorted(used)}.")
+        self.dtype = feats.dtype
+        self.meta = self._read_meta()
+
+    def _columns(self) -> list[str]:
+        if self.kind == "csv":
+            return list(pd.read_csv(self.path, nrows=0).columns)
+        import pyarrow.parquet as pq
+
+        return list(pq.ParquetFile(self.path).schema_arrow.names)
+
+    def _count_rows(self) -> int:
+        if self.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(self.path).metadata.num_rows
+        first = pd.read_csv(self.path, nrows=0).columns[0]
+        return sum(len(c) for c in pd.read_csv(self.path, usecols=[first], chunksize=1 << 16))
+
+    def _read_meta(self) -> dict:
+        cols = list(self.meta_cols.values())
+        if not cols:
+            return {}
+        if self.kind == "csv":
+            table = pd.read_csv(self.path, usecols=cols, keep_default_na=False)
+        else:
+            table = pd.read_parquet(self.path, columns=cols)
+        return {f: table[c].to_numpy() for f, c in self.meta_cols.items()}
+
+    def _raw_blocks(self, block_rows):
+        if self.kind == "csv":
+            cols = self.feature_cols
+            for chunk in pd.read_csv(
+                self.path, usecols=cols, chunksize=max(block_rows, 1), float_precision="round_trip"
+            ):
+                yield _numeric(chunk[cols], self.path), None
+        else:
+            import pyarrow.parquet as pq
+
+            f = pq.ParquetFile(self.path)
+            cols = [self.list_col] if self.list_col else self.feature_cols
+            for batch in f.iter_batches(batch_size=max(block_rows, 1), columns=cols):
+                if self.list_col:
+                    values = batch.column(0).to_numpy(zero_copy_only=False)
+                    lengths = {len(v) for v in values}
+                    if len(lengths) > 1:
+                        raise ValueError(
+                            f"{self.path}: feature lists of unequal lengths {lengths}."
+                        )
+                    yield np.stack(values), None
+                else:
+                    yield _numeric(batch.to_pandas(), self.path), None
+
+    def blocks(self, block_rows):
+        for feats, _ in self._raw_blocks(block_rows):
+            yield feats
+
+
+def _numeric(frame: pd.DataFrame, path) -> np.ndarray:
+    bad = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+    if bad:
+        raise ValueError(
+            f"{path}: non-numeric feature column(s) {bad[:5]}; name metadata columns "
+            "label, class_name, group, sample_id (or pass their names) so they are not "
+            "taken as features."
+        )
+    return frame.to_numpy()
+
+
+def _pick_features(path, variables: dict, features_key):
+    if features_key is not None:
+        if features_key not in variables:
+            raise ValueError(f"{path}: no variable {features_key!r}; it has {sorted(variables)}.")
+        return features_key
+    known = {k for ks in _DEFAULT_KEYS.values() for k in ks}
+    cands = [
+        k
+        for k, v in variables.items()
+        if len(v.shape) == 2
+        and min(v.shape) > 1
+        and k not in known
+        and np.dtype(v.dtype).kind in "fiub"
+    ]
+    if len(cands) != 1:
+        raise ValueError(
+            f"{path}: cannot tell which variable holds the features (2-D numeric candidates: "
+            f"{cands or 'none'}; all variables: {sorted(variables)}); pass features_key "
+            "(--features-key)."
+        )
+    return cands[0]
+
+
+def _pick_meta(path, variables: dict, keys: dict, loader) -> dict:
+    meta = {}
+    for field in META_FIELDS:
+        want = keys.get(field)
+        if want is not None and want not in variables:
+            raise ValueError(
+                f"{path}: no variable {want!r} for {field}; it has {sorted(variables)}."
+            )
+        cands = [want] if want else [k for k in _DEFAULT_KEYS[field] if k in variables]
+        if cands:
+            meta[field] = loader(cands[0])
+    return meta
+
+
+def _mat_strings(value) -> np.ndarray:
+    """Flatten a MATLAB cell array / char matrix of strings to a 1-D array of str."""
+    value = np.asarray(value)
+    if value.dtype.kind in "US":
+        return (
+            value.reshape(-1).astype(str)
+            if value.ndim <= 1 or 1 in value.shape
+            else np.array(["".join(r).strip() for r in value])
+        )
+    if value.dtype == object:
+        return np.array(
+            [str(np.asarray(v).reshape(-1)[0]) if np.size(v) else "" for v in value.reshape(-1)]
+        )
+    return value.reshape(-1)
+
+
+def open_source(inp: IngestInput) -> _Source:
+    """Open one input file for streaming (no feature data is read yet)."""
+    path = Path(inp.path)
+    if not path.exists():
+        raise FileNotFoundError(f"input file {path} does not exist.")
+    ext = path.suffix.lower()
+    keys = dict(inp.keys or {})
+    unknown = set(keys) - set(META_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown metadata field(s) {sorted(unknown)}; use {META_FIELDS}.")
+    try:
+        if ext == ".npy":
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+            if a.ndim != 2:
+                raise ValueError(
+                    f"{path}: expected a 2-D array (samples x features), got {a.shape}."
+                )
+            src = _ArraySource(a, {}, inp.transpose)
+        elif ext == ".npz":
+            z = np.load(path, allow_pickle=False)
+            variables = {k: z[k] for k in z.files}
+            key = _pick_features(path, variables, inp.features_key)
+            meta = _pick_meta(path, variables, keys, lambda k: np.asarray(variables[k]).reshape(-1))
+            src = _ArraySource(variables[key], meta, inp.transpose)
+        elif ext == ".mat":
+            src = _open_mat(path, inp, keys)
+        elif ext in (".csv", ".parquet"):
+            if inp.transpose:
+                raise ValueError(f"{path}: transpose is not supported for tables.")
+            src = _TableSource(path, ext[1:], inp.features_key, keys)
+        else:
+            raise ValueError(f"{path}: unsupported format {ext!r}; supported: {FORMATS}.")
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a reader's own error on a malformed file
+        raise ValueError(f"{path}: cannot read it as {ext} ({type(exc).__name__}: {exc}).") from exc
+    if src.dtype.kind not in "fiub":
+        raise ValueError(f"{path}: features must be numeric, got dtype {src.dtype}.")
+    if inp.metadata_path:
+        src.meta.update(_read_side_table(Path(inp.metadata_path), src.n_rows, keys))
+    for field, values in src.meta.items():
+        if len(values) != src.n_rows:
+            raise ValueError(
+                f"{path}: {field} has {len(values)} entries but there are {src.n_rows} samples "
+                f"({src.n_rows} x {src.n_features}); if the features are stored features x "
+                "samples, pass transpose (--transpose)."
+            )
+    return src
+
+
+def _open_mat(path: Path, inp: IngestInput, keys: dict) -> _Source:
+    import h5py
+
+    if h5py.is_hdf5(path):  # MATLAB v7.3
+        f = h5py.File(path, "r")
+        variables = {k: v for k, v in f.items() if isinstance(v, h5py.Dataset)}
+        key = _pick_features(path, variables, inp.features_key)
+
+        def load(k):
+            v = variables[k]
+            if v.dtype.kind == "O":
+                raise ValueError(
+                    f"{path}: variable {k!r} is a cell array (v7.3); give text metadata in a "
+                    "side table (--metadata)."
+                )
+            a = np.asarray(v[()])
+            if v.attrs.get("MATLAB_class", b"") == b"char":
+                return np.array(["".join(map(chr, col)).strip() for col in a.T])
+            return a.reshape(-1)
+
+        return _ArraySource(
+            variables[key], _pick_meta(path, variables, keys, load), inp.transpose, hdf5_t=True
+        )
+    from scipy.io import loadmat
+
+    m = loadmat(path)
+    variables = {k: v for k, v in m.items() if not k.startswith("__")}
+    key = _pick_features(path, variables, inp.features_key)
+    return _ArraySource(
+        variables[key],
+        _pick_meta(path, variables, keys, lambda k: _mat_strings(variables[k])),
+        inp.transpose,
+    )
+
+
+def _read_side_table(path: Path, n_rows: int, keys: dict) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"metadata table {path} does not exist.")
+    if path.suffix.lower() == ".csv":
+        table = pd.read_csv(path, keep_default_na=False)
+    elif path.suffix.lower() == ".parquet":
+        table = pd.read_parquet(path)
+    else:
+        raise ValueError(f"{path}: metadata tables must be .csv or .parquet.")
+    if len(table) != n_rows:
+        raise ValueError(f"{path}: {len(table)} metadata rows for {n_rows} samples.")
+    out = {}
+    for field in META_FIELDS:
+        col = keys.get(field) or next((c for c in _DEFAULT_KEYS[field] if c in table), None)
+        if col is not None:
+            out[field] = table[col].to_numpy()
+    if not out:
+        raise ValueError(f"{path}: none of the columns {META_FIELDS} found; it has {list(table)}.")
+    return out
+
+
+def _stored_dtype(dtype: np.dtype, force: str | None) -> np.dtype:
+    if force is not None:
+        if force not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {force!r}.")
+        return np.dtype(force)
+    if dtype == np.float64:
+        return np.dtype(np.float64)
+    if dtype.kind == "f" and dtype.itemsize <= 4:
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+def _class_names(meta: dict) -> np.ndarray | None:
+    """Per-sample class names; a table shorter than the samples names the sorted labels."""
+    names = meta.get("class_name")
+    if names is None:
+        return None
+    names = np.asarray(names).astype(str)
+    label = meta.get("label")
+    if label is None or len(names) == len(label):
+        return names
+    classes = np.unique(label)
+    if len(classes) != len(names):
+        raise ValueError(
+            f"{len(names)} class names for {len(classes)} distinct labels {classes[:10]}; give "
+            "one name per class (for the sorted labels) or one per sample."
+        )
+    return names[np.searchsorted(classes, label)]
+
+
+def ingest(
+    out: str | os.PathLike,
+    inputs: list[IngestInput],
+    *,
+    overwrite: bool = False,
+    compression: str = "none",
+    chunk_rows: int | None = None,
+    dtype: str | None = None,
+    progress: bool = True,
+) -> FeatureStore:
+    """Build a feature store from input files, atomically.
+
+    Parameters
+    ----------
+    out : str or Path
+        Directory of the new store.
+    inputs : list of IngestInput
+        One entry per (device, space).
+    overwrite : bool
+        Replace an existing store (only once the new one is complete).
+    compression : {"none", "zstd"}
+        Chunk compression (a CRC32C checksum is always stored).
+    chunk_rows : int, optional
+        Rows per chunk (default: 256, more for narrow arrays so that chunks are >= 1 MiB).
+    dtype : {"float32", "float64"}, optional
+        Force the stored dtype (default keeps float32/float64, see the module docstring).
+    progress : bool
+        Print progress to stderr for large inputs.
+
+    Returns
+    -------
+    FeatureStore
+        The new store, opened.
+    """
+    if not inputs:
+        raise ValueError("give at least one input (-i DEVICE:SPACE:PATH).")
+    sources = [open_source(inp) for inp in inputs]  # fail fast before writing anything
+    with StoreWriter(out, overwrite=overwrite, compression=compression, progress=progress) as w:
+        for inp, src in zip(inputs, sources, strict=True):
+            stored = _stored_dtype(src.dtype, dtype)
+            block_rows = max(1, _BLOCK_BYTES // (src.n_features * 8))
+            blocks = (b.astype(stored, copy=False) for b in src.blocks(block_rows))
+            aw = w.write_array(
+                inp.device,
+                inp.space,
+                blocks,
+                src.n_rows,
+                src.n_features,
+                dtype=stored,
+                chunk_rows=chunk_rows,
+                source=str(inp.path),
+            )
+            meta = dict(src.meta)
+            aw.set_metadata(
+                label=meta.get("label"),
+                class_name=_class_names(meta),
+                group=meta.get("group"),
+                sample_id=meta.get("sample_id"),
+            )
+    return FeatureStore.open(out)
