@@ -14,6 +14,7 @@ import sys
 # Order is the order of ``mmdtl2 --help``.
 COMMAND_MODULES = [
     "mmdtl2_dist.commands.office",
+    "mmdtl2_dist.commands.submit",
 ]
 
 
