@@ -160,14 +160,26 @@ def _ensure_ray(address: str | None, num_cpus: int | None):
     return ray, True
 
 
-def _run_tasks(ray, refs: list, on_done) -> None:
-    """Wait for task refs; re-raise a task's own error (not Ray's wrapper), cancel the rest."""
-    pending = list(refs)
+def _run_tasks(ray, submits: list, on_done, max_in_flight: int | None = None) -> list:
+    """Run tasks, at most ``max_in_flight`` at once; results in submission order.
+
+    ``submits`` are zero-argument callables that submit one task and return its ref. A
+    task's own error is re-raised (not Ray's wrapper) after the others are cancelled.
+    """
+    limit = len(submits) if max_in_flight is None else max(1, int(max_in_flight))
+    results: list = [None] * len(submits)
+    queue = list(enumerate(submits))
+    pending: dict = {}
     try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=2.0)
+        while queue or pending:
+            while queue and len(pending) < limit:
+                k, submit = queue.pop(0)
+                pending[submit()] = k
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=2.0)
             for ref in ready:
-                on_done(ray.get(ref))
+                k = pending.pop(ref)
+                results[k] = ray.get(ref)
+                on_done(results[k])
             if not ready:
                 on_done(None)
     except ray.exceptions.RayTaskError as exc:
@@ -177,30 +189,31 @@ def _run_tasks(ray, refs: list, on_done) -> None:
         if isinstance(cause, Exception):
             raise cause from None
         raise
+    return results
 
 
-def _stats_pass(ray, fs, job, out: Path, remote_opts: dict, progress: bool) -> None:
+def _stats_pass(ray, fs, job, out: Path, remote_opts: dict, progress, max_in_flight) -> None:
     """Row norms and per-device z-score statistics, streamed; stored in the Gram store."""
     method = job["preprocessing"]
     blocks = [tuple(b) for b in job["col_blocks"]]
     t = job["tile_rows"]
     fn = ray.remote(tasks.moments_task).options(**remote_opts)
-    refs, owners = [], []
+    submits, owners = [], []
     for d, dev in enumerate(job["devices"]):
         n_d = job["offsets"][d + 1] - job["offsets"][d]
+        path = fs.array_path(dev, job["space"])
         for r0 in range(0, n_d, t):
-            path = fs.array_path(dev, job["space"])
-            refs.append(fn.remote(path, r0, min(r0 + t, n_d), blocks, method))
+            args = (path, r0, min(r0 + t, n_d), blocks, method)
+            submits.append(lambda args=args: fn.remote(*args))
             owners.append(d)
     if progress:
         print(
-            f"gram {job['space']}: statistics pass ({method}), {len(refs)} tasks",
+            f"gram {job['space']}: statistics pass ({method}), {len(submits)} tasks",
             file=sys.stderr,
             flush=True,
         )
-    results = []
-    _run_tasks(ray, refs, lambda r: None)
-    results = ray.get(refs)  # in submission order: a fixed summation order
+    # Results come back in submission order: the sums below have a fixed order.
+    results = _run_tasks(ray, submits, lambda r: None, max_in_flight)
     root = zarr.open_group(str(out), mode="r+")
     norms = np.concatenate([r["norms"] for r in results])
     root.create_array(
@@ -261,6 +274,7 @@ def compute_gram(
     progress: bool = True,
     num_cpus: int | None = None,
     max_retries: int = 3,
+    max_in_flight: int | None = None,
     _probe: dict | None = None,
 ) -> GramStore:
     """Compute the linear Gram of one feature space over all its samples, on Ray.
@@ -297,6 +311,9 @@ def compute_gram(
         CPUs of a new local Ray (default: all).
     max_retries : int
         Retries of a task whose worker died.
+    max_in_flight : int, optional
+        Most tasks submitted at once (default: all); bounds the cluster's concurrent
+        memory use and lets one job share a cluster.
 
     Returns
     -------
@@ -346,7 +363,7 @@ def compute_gram(
         mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
         opts = {"num_cpus": 1, "max_retries": max_retries, "memory": int(mem)}
         if not job["stats_done"]:
-            _stats_pass(ray, fs, job, out, opts, progress)
+            _stats_pass(ray, fs, job, out, opts, progress, max_in_flight)
         stats, norms = _load_stats(out, job)
         gs = GramStore.open(out)
         done = set(gs.finished_tiles())
@@ -363,7 +380,7 @@ def compute_gram(
         stats_ref = ray.put(stats)
         norms_ref = ray.put(norms)
         fn = ray.remote(tasks.gram_tile_task).options(**opts)
-        refs = [fn.remote(task_job, t, stats_ref, norms_ref, _probe) for t in todo]
+        submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref, _probe) for t in todo]
         bar = _Progress(
             f"gram {space}",
             len(tiles),
@@ -378,7 +395,7 @@ def compute_gram(
                 counter["n"] += 1
             bar.update(counter["n"], force=counter["n"] == len(todo))
 
-        _run_tasks(ray, refs, on_done)
+        _run_tasks(ray, submits, on_done, max_in_flight)
     finally:
         if owned:
             ray.shutdown()

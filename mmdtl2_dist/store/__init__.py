@@ -6,12 +6,13 @@ from mmdtl2_dist.store.feature_store import (
     StoreWriter,
     read_array_block,
 )
-from mmdtl2_dist.store.ingest import IngestInput, ingest
+from mmdtl2_dist.store.ingest import IngestError, IngestInput, ingest
 from mmdtl2_dist.store.synthetic import SyntheticSpec, make_synthetic_store
 
 __all__ = [
     "CorruptChunkError",
     "FeatureStore",
+    "IngestError",
     "IngestInput",
     "StoreWriter",
     "SyntheticSpec",

@@ -35,6 +35,7 @@ from mmdtl2_dist.store.layout import (
 
 COMPRESSION = ("none", "zstd")
 _MAX_ROWS_NAMED = 20
+PROGRESS_MIN_BYTES = 256 << 20  # arrays at least this large report progress
 
 
 class CorruptChunkError(ValueError):
@@ -389,7 +390,7 @@ class StoreWriter:
         """Create an array and fill it from an iterator of row blocks, with progress."""
         dtype = kwargs.pop("dtype", np.float32)
         w = self.create_array(device, space, n_rows, n_features, dtype=dtype, **kwargs)
-        show = self.progress and n_rows * n_features * w._band.itemsize >= 256 << 20
+        show = self.progress and n_rows * n_features * w._band.itemsize >= PROGRESS_MIN_BYTES
         t0 = last = time.monotonic()
         for block in blocks:
             w.append(block)

@@ -12,7 +12,8 @@ Supported inputs (rows = samples):
   other column is a feature, in file order. A Parquet list column can hold the whole
   feature vector instead.
 
-Data types are kept when they are float32 or float64 (so a round trip is exact);
+Data types are kept when they are float32 or float64 (so a round trip is exact; CSV
+carries no type, its numbers are read as float64: pass ``dtype="float32"`` for float32 data);
 float16 becomes float32, integers and booleans become float64 (exact below 2**53).
 ``dtype="float32"`` forces a (lossy) cast. NaN or Inf refuses the file and names the rows.
 """
@@ -37,6 +38,10 @@ _DEFAULT_KEYS = {
     "sample_id": ("sample_id", "sample_ids", "id", "ids"),
 }
 _BLOCK_BYTES = 64 << 20
+
+
+class IngestError(ValueError):
+    """An input file is malformed or inconsistent (the message names the file and the fix)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ class _TableSource(_Source):
         for field in META_FIELDS:
             want = keys.get(field)
             if want is not None and want not in names:
-                raise ValueError(f"{path}: no column {want!r} for {field}; columns: {names[:20]}.")
+                raise IngestError(f"{path}: no column {want!r} for {field}; columns: {names[:20]}.")
             cands = [want] if want else [c for c in _DEFAULT_KEYS[field] if c in names]
             if cands:
                 meta_cols[field] = cands[0]
@@ -128,24 +133,24 @@ class _TableSource(_Source):
             ]
             if features_key:
                 if features_key not in lists:
-                    raise ValueError(
+                    raise IngestError(
                         f"{path}: {features_key!r} is not a list column; lists: {lists}"
                     )
                 self.list_col = features_key
             elif len(lists) == 1:
                 self.list_col = lists[0]
             elif len(lists) > 1:
-                raise ValueError(f"{path}: several list columns {lists}; pass features_key.")
+                raise IngestError(f"{path}: several list columns {lists}; pass features_key.")
         used = set(meta_cols.values())
         self.feature_cols = [] if self.list_col else [c for c in names if c not in used]
         self.n_rows = self._count_rows()
+        if self.n_rows == 0:
+            raise IngestError(f"{path}: no samples (empty table).")
         first = next(self._raw_blocks(min(self.n_rows, 64)), None)
-        if first is None or self.n_rows == 0:
-            raise ValueError(f"{path}: no samples (empty table).")
         feats, _ = first
         self.n_features = feats.shape[1]
         if self.n_features == 0:
-            raise ValueError(f"{path}: no feature columns besides metadata {sorted(used)}.")
+            raise IngestError(f"{path}: no feature columns besides metadata {sorted(used)}.")
         self.dtype = feats.dtype
         self.meta = self._read_meta()
 
@@ -177,9 +182,7 @@ class _TableSource(_Source):
     def _raw_blocks(self, block_rows):
         if self.kind == "csv":
             cols = self.feature_cols
-            for chunk in pd.read_csv(
-                self.path, usecols=cols, chunksize=max(block_rows, 1), float_precision="round_trip"
-            ):
+            for chunk in pd.read_csv(self.path, usecols=cols, chunksize=max(block_rows, 1)):
                 yield _numeric(chunk[cols], self.path), None
         else:
             import pyarrow.parquet as pq
@@ -191,7 +194,7 @@ class _TableSource(_Source):
                     values = batch.column(0).to_numpy(zero_copy_only=False)
                     lengths = {len(v) for v in values}
                     if len(lengths) > 1:
-                        raise ValueError(
+                        raise IngestError(
                             f"{self.path}: feature lists of unequal lengths {lengths}."
                         )
                     yield np.stack(values), None
@@ -206,7 +209,7 @@ class _TableSource(_Source):
 def _numeric(frame: pd.DataFrame, path) -> np.ndarray:
     bad = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
     if bad:
-        raise ValueError(
+        raise IngestError(
             f"{path}: non-numeric feature column(s) {bad[:5]}; name metadata columns "
             "label, class_name, group, sample_id (or pass their names) so they are not "
             "taken as features."
@@ -217,7 +220,7 @@ def _numeric(frame: pd.DataFrame, path) -> np.ndarray:
 def _pick_features(path, variables: dict, features_key):
     if features_key is not None:
         if features_key not in variables:
-            raise ValueError(f"{path}: no variable {features_key!r}; it has {sorted(variables)}.")
+            raise IngestError(f"{path}: no variable {features_key!r}; it has {sorted(variables)}.")
         return features_key
     known = {k for ks in _DEFAULT_KEYS.values() for k in ks}
     cands = [
@@ -229,7 +232,7 @@ def _pick_features(path, variables: dict, features_key):
         and np.dtype(v.dtype).kind in "fiub"
     ]
     if len(cands) != 1:
-        raise ValueError(
+        raise IngestError(
             f"{path}: cannot tell which variable holds the features (2-D numeric candidates: "
             f"{cands or 'none'}; all variables: {sorted(variables)}); pass features_key "
             "(--features-key)."
@@ -242,7 +245,7 @@ def _pick_meta(path, variables: dict, keys: dict, loader) -> dict:
     for field in META_FIELDS:
         want = keys.get(field)
         if want is not None and want not in variables:
-            raise ValueError(
+            raise IngestError(
                 f"{path}: no variable {want!r} for {field}; it has {sorted(variables)}."
             )
         cands = [want] if want else [k for k in _DEFAULT_KEYS[field] if k in variables]
@@ -276,12 +279,12 @@ def open_source(inp: IngestInput) -> _Source:
     keys = dict(inp.keys or {})
     unknown = set(keys) - set(META_FIELDS)
     if unknown:
-        raise ValueError(f"unknown metadata field(s) {sorted(unknown)}; use {META_FIELDS}.")
+        raise IngestError(f"unknown metadata field(s) {sorted(unknown)}; use {META_FIELDS}.")
     try:
         if ext == ".npy":
             a = np.load(path, mmap_mode="r", allow_pickle=False)
             if a.ndim != 2:
-                raise ValueError(
+                raise IngestError(
                     f"{path}: expected a 2-D array (samples x features), got {a.shape}."
                 )
             src = _ArraySource(a, {}, inp.transpose)
@@ -295,21 +298,23 @@ def open_source(inp: IngestInput) -> _Source:
             src = _open_mat(path, inp, keys)
         elif ext in (".csv", ".parquet"):
             if inp.transpose:
-                raise ValueError(f"{path}: transpose is not supported for tables.")
+                raise IngestError(f"{path}: transpose is not supported for tables.")
             src = _TableSource(path, ext[1:], inp.features_key, keys)
         else:
-            raise ValueError(f"{path}: unsupported format {ext!r}; supported: {FORMATS}.")
-    except (ValueError, FileNotFoundError):
+            raise IngestError(f"{path}: unsupported format {ext!r}; supported: {FORMATS}.")
+    except (IngestError, FileNotFoundError):
         raise
     except Exception as exc:  # noqa: BLE001 - a reader's own error on a malformed file
-        raise ValueError(f"{path}: cannot read it as {ext} ({type(exc).__name__}: {exc}).") from exc
+        raise IngestError(
+            f"{path}: cannot read it as {ext} ({type(exc).__name__}: {exc})."
+        ) from exc
     if src.dtype.kind not in "fiub":
-        raise ValueError(f"{path}: features must be numeric, got dtype {src.dtype}.")
+        raise IngestError(f"{path}: features must be numeric, got dtype {src.dtype}.")
     if inp.metadata_path:
         src.meta.update(_read_side_table(Path(inp.metadata_path), src.n_rows, keys))
     for field, values in src.meta.items():
-        if len(values) != src.n_rows:
-            raise ValueError(
+        if len(values) != src.n_rows and field != "class_name":  # names may be per class
+            raise IngestError(
                 f"{path}: {field} has {len(values)} entries but there are {src.n_rows} samples "
                 f"({src.n_rows} x {src.n_features}); if the features are stored features x "
                 "samples, pass transpose (--transpose)."
@@ -328,7 +333,7 @@ def _open_mat(path: Path, inp: IngestInput, keys: dict) -> _Source:
         def load(k):
             v = variables[k]
             if v.dtype.kind == "O":
-                raise ValueError(
+                raise IngestError(
                     f"{path}: variable {k!r} is a cell array (v7.3); give text metadata in a "
                     "side table (--metadata)."
                 )
@@ -360,23 +365,23 @@ def _read_side_table(path: Path, n_rows: int, keys: dict) -> dict:
     elif path.suffix.lower() == ".parquet":
         table = pd.read_parquet(path)
     else:
-        raise ValueError(f"{path}: metadata tables must be .csv or .parquet.")
+        raise IngestError(f"{path}: metadata tables must be .csv or .parquet.")
     if len(table) != n_rows:
-        raise ValueError(f"{path}: {len(table)} metadata rows for {n_rows} samples.")
+        raise IngestError(f"{path}: {len(table)} metadata rows for {n_rows} samples.")
     out = {}
     for field in META_FIELDS:
         col = keys.get(field) or next((c for c in _DEFAULT_KEYS[field] if c in table), None)
         if col is not None:
             out[field] = table[col].to_numpy()
     if not out:
-        raise ValueError(f"{path}: none of the columns {META_FIELDS} found; it has {list(table)}.")
+        raise IngestError(f"{path}: none of the columns {META_FIELDS} found; it has {list(table)}.")
     return out
 
 
 def _stored_dtype(dtype: np.dtype, force: str | None) -> np.dtype:
     if force is not None:
         if force not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {force!r}.")
+            raise IngestError(f"dtype must be 'float32' or 'float64', got {force!r}.")
         return np.dtype(force)
     if dtype == np.float64:
         return np.dtype(np.float64)
@@ -396,7 +401,7 @@ def _class_names(meta: dict) -> np.ndarray | None:
         return names
     classes = np.unique(label)
     if len(classes) != len(names):
-        raise ValueError(
+        raise IngestError(
             f"{len(names)} class names for {len(classes)} distinct labels {classes[:10]}; give "
             "one name per class (for the sorted labels) or one per sample."
         )
@@ -438,7 +443,7 @@ def ingest(
         The new store, opened.
     """
     if not inputs:
-        raise ValueError("give at least one input (-i DEVICE:SPACE:PATH).")
+        raise IngestError("give at least one input (-i DEVICE:SPACE:PATH).")
     sources = [open_source(inp) for inp in inputs]  # fail fast before writing anything
     with StoreWriter(out, overwrite=overwrite, compression=compression, progress=progress) as w:
         for inp, src in zip(inputs, sources, strict=True):

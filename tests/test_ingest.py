@@ -1,0 +1,193 @@
+"""Ingest: exact round trips of every supported format, clear errors on bad files."""
+
+from __future__ import annotations
+
+import argparse
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.io
+
+from mmdtl2_dist.commands import ingest as ingest_cmd
+from mmdtl2_dist.store import FeatureStore, IngestInput, ingest
+from mmdtl2_dist.store import feature_store as fs_module
+
+N, L = 23, 9
+
+
+@pytest.fixture(params=[np.float32, np.float64], ids=["f32", "f64"])
+def sample(request):
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((N, L)).astype(request.param) * 1e3  # full-precision values
+    y = rng.integers(1, 4, N)
+    groups = np.array([f"p{i % 5}" for i in range(N)])
+    ids = np.array([f"img_{i:03d}" for i in range(N)])
+    return X, y, groups, ids
+
+
+def _check(store, X, y=None, groups=None, ids=None, device="a", space="s"):
+    fs = FeatureStore.open(store)
+    got = fs.read(device, space)
+    assert got.dtype == X.dtype, (got.dtype, X.dtype)
+    assert np.array_equal(got, X)  # bit-exact
+    md = fs.metadata[(fs.metadata.device == device) & (fs.metadata.space == space)]
+    if y is not None:
+        assert np.array_equal(md["label"].to_numpy(), y)
+    if groups is not None:
+        assert list(md["group"]) == list(groups)
+    if ids is not None:
+        assert list(md["sample_id"]) == list(ids)
+    return fs
+
+
+def test_npy_with_side_table(tmp_path, sample):
+    X, y, groups, ids = sample
+    np.save(tmp_path / "x.npy", X)
+    pd.DataFrame({"label": y, "group": groups, "sample_id": ids}).to_csv(
+        tmp_path / "m.csv", index=False
+    )
+    ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.npy"),
+                                         metadata_path=str(tmp_path / "m.csv"))])  # fmt: skip
+    _check(tmp_path / "st", X, y, groups, ids)
+
+
+def test_npz_with_keys_and_class_table(tmp_path, sample):
+    X, y, groups, ids = sample
+    np.savez(tmp_path / "x.npz", feats=X, labels=y, groups=groups, ids=ids,
+             class_names=np.array(["adenoma", "hyperplastic", "cancer"]))  # fmt: skip
+    fs = ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.npz"))], progress=False)
+    _check(tmp_path / "st", X, y, groups, ids)
+    names = fs.metadata["class_name"].to_numpy()
+    assert set(names[y == 1]) == {"adenoma"} and set(names[y == 3]) == {"cancer"}
+
+
+def test_mat_v5(tmp_path, sample):
+    X, y, groups, _ = sample
+    scipy.io.savemat(tmp_path / "x.mat", {"fts": X, "labels": y[:, None].astype(float),
+                                          "groups": groups})  # fmt: skip
+    ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.mat"))])
+    _check(tmp_path / "st", X, y, groups)
+
+
+def _write_mat73(path, variables: dict):
+    """Write like MATLAB -v7.3: HDF5 with a 512-byte user block, column-major datasets."""
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for name, value in variables.items():
+            value = np.asarray(value)
+            if value.dtype.kind == "U":  # char matrix: uint16 codes, one column per string
+                width = max(len(s) for s in value)
+                codes = np.array([[ord(c) for c in s.ljust(width)] for s in value], np.uint16)
+                d = f.create_dataset(name, data=codes.T)
+                d.attrs["MATLAB_class"] = np.bytes_("char")
+            else:
+                value = value.reshape(value.shape[0], -1)
+                d = f.create_dataset(name, data=value.T)
+                d.attrs["MATLAB_class"] = np.bytes_(
+                    "single" if value.dtype == np.float32 else "double"
+                )
+
+
+def test_mat_v73_hdf5(tmp_path, sample):
+    X, y, _, _ = sample
+    names = np.array([f"c{k}" for k in y])
+    _write_mat73(tmp_path / "x.mat", {"X": X, "y": y.astype(float), "class_name": names})
+    assert h5py.is_hdf5(tmp_path / "x.mat")
+    fs = ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.mat"))])
+    _check(tmp_path / "st", X, y)
+    assert list(fs.metadata["class_name"]) == list(names)
+
+
+def test_csv_and_parquet_tables(tmp_path, sample):
+    X, y, groups, ids = sample
+    table = pd.DataFrame(X, columns=[f"f{j}" for j in range(L)])
+    table.insert(0, "label", y)
+    table["group"] = groups
+    table["sample_id"] = ids
+    table.to_csv(tmp_path / "x.csv", index=False)
+    table.to_parquet(tmp_path / "x.parquet", index=False)
+    listed = pd.DataFrame({"emb": list(X), "label": y})
+    listed.to_parquet(tmp_path / "l.parquet", index=False)
+    # CSV text has no dtype: float32 data round-trips exactly when stored as float32.
+    ingest(tmp_path / "csv", [IngestInput("a", "s", str(tmp_path / "x.csv"))],
+           dtype=X.dtype.name)  # fmt: skip
+    _check(tmp_path / "csv", X, y, groups, ids, device="a")
+    ingest(tmp_path / "st", [
+        IngestInput("b", "s", str(tmp_path / "x.parquet")),
+        IngestInput("c", "s", str(tmp_path / "l.parquet")),
+    ])  # fmt: skip
+    _check(tmp_path / "st", X, y, groups, ids, device="b")
+    _check(tmp_path / "st", X, y, device="c")
+
+
+def test_integer_features_become_exact_float64_and_transpose(tmp_path):
+    X = np.arange(N * L, dtype=np.int32).reshape(N, L)
+    np.save(tmp_path / "t.npy", X.T)
+    ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "t.npy"), transpose=True)])
+    _check(tmp_path / "st", X.astype(np.float64))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kwargs", "match"),
+    [
+        ("x.txt", b"1,2", {}, "unsupported format"),
+        ("x.npy", b"not a numpy file", {}, "cannot read it as .npy"),
+        ("v.npy", np.arange(5.0), {}, "expected a 2-D array"),
+        ("x.npz", {"a": np.ones((4, 3)), "b": np.ones((4, 2))}, {}, "cannot tell which"),
+        ("y.npz", {"a": np.ones((4, 3))}, {"features_key": "zz"}, "no variable 'zz'"),
+        ("z.npz", {"X": np.ones((4, 3)), "labels": np.ones(5)}, {}, "label has 5 entries"),
+        ("s.csv", "f0,f1,kind\n1,2,x\n3,4,y\n", {}, "non-numeric feature column"),
+        ("e.csv", "f0,f1\n", {}, "no samples"),
+        ("l.npz", {"X": np.ones((4, 3)), "labels": np.array([0.5, 1, 2, 3])}, {},
+         "labels must be integers"),
+    ],
+)  # fmt: skip
+def test_bad_files_give_clear_errors(tmp_path, name, content, kwargs, match):
+    path = tmp_path / name
+    if isinstance(content, dict):
+        np.savez(path, **content)
+    elif isinstance(content, np.ndarray):
+        np.save(path, content)
+    else:
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    with pytest.raises(ValueError, match=match):
+        ingest(tmp_path / "st", [IngestInput("a", "s", str(path), **kwargs)])
+    assert not (tmp_path / "st").exists()
+
+
+def test_missing_file_and_nan_rows(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "none.npy"))])
+    good = np.ones((6, 3), np.float32)
+    bad = np.ones((300, 3), np.float32)
+    bad[[2, 257]] = np.nan
+    np.save(tmp_path / "good.npy", good)
+    np.save(tmp_path / "bad.npy", bad)
+    with pytest.raises(ValueError, match=r"bad\.npy: 2 sample.*rows 2, 257"):
+        ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "good.npy")),
+                                 IngestInput("b", "s", str(tmp_path / "bad.npy"))])  # fmt: skip
+    assert list(p.name for p in tmp_path.iterdir() if p.is_dir()) == []  # no half store
+
+
+def test_cli_ingest_with_progress(tmp_path, sample, monkeypatch, capsys):
+    X, y, _, _ = sample
+    np.savez(tmp_path / "x.npz", X=X, y=y)
+    np.save(tmp_path / "z.npy", X[:, :4])
+    pd.DataFrame({"label": y}).to_parquet(tmp_path / "m.parquet")
+    monkeypatch.setattr(fs_module, "PROGRESS_MIN_BYTES", 0)
+    parser = argparse.ArgumentParser()
+    ingest_cmd.register(parser.add_subparsers())
+    args = parser.parse_args([
+        "ingest", str(tmp_path / "st"), "-i", f"a:s:{tmp_path / 'x.npz'}",
+        "-i", f"a:t:{tmp_path / 'z.npy'}", "--metadata", f"a:{tmp_path / 'm.parquet'}",
+        "--chunk-rows", "8", "--compression", "zstd",
+    ])  # fmt: skip
+    assert args.func(args) == 0
+    out = capsys.readouterr()
+    assert "ingest a/s:" in out.err and "fingerprint" in out.out
+    fs = _check(tmp_path / "st", X, y)
+    assert fs.array("a", "s").chunks[0] == 8
+    with pytest.raises(ValueError, match="DEVICE:SPACE:PATH"):
+        args = parser.parse_args(["ingest", str(tmp_path / "st2"), "-i", "a:x.npy"])
+        args.func(args)
