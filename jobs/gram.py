@@ -1,0 +1,16 @@
+"""Ray job: compute the Gram of a feature space on the cluster the job runs on.
+
+    mmdtl2 submit --address http://HEAD_IP:8265 --working-dir . -- \
+        python jobs/gram.py /mnt/shared/mmdtl2/study.zarr --space conv3 \
+        --out /mnt/shared/mmdtl2/grams/conv3
+
+Arguments are those of ``mmdtl2 gram``; ``--address auto`` (the job's own cluster) comes
+first so that an explicit ``--address`` given after it wins.
+"""
+
+import sys
+
+from mmdtl2_dist.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["gram", "--address", "auto", *sys.argv[1:]]))
