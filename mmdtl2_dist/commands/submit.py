@@ -126,19 +126,23 @@ def run(args: argparse.Namespace) -> int:
     entrypoint = list(args.entrypoint)
     if entrypoint[:1] == ["--"]:
         entrypoint = entrypoint[1:]
-    client = sub.connect(args.address, sub.auth_headers(args.auth_token_file))
-
-    if args.stop:
-        status = sub.stop_job(client, args.stop)
-        print(f"job {args.stop}: {status.value}", file=sys.stderr)
-        return 0 if status.is_terminal() else 4
-    if args.follow:
+    if args.stop or args.follow:
+        client = sub.connect(args.address, sub.auth_headers(args.auth_token_file))
+        if args.stop:
+            status = sub.stop_job(client, args.stop)
+            print(f"job {args.stop}: {status.value}", file=sys.stderr)
+            return 0 if status.is_terminal() else 4
         return _follow(sub, client, args.follow, args.detach_on_interrupt)
 
     if not args.working_dir and not args.installed:
         raise ValueError(
             "choose what the cluster runs: --working-dir DIR uploads DIR, --installed "
             "uses the mmdtl2-dist installed on the nodes"
+        )
+    if not entrypoint:
+        raise ValueError(
+            "no command to run: put it after `--`, e.g. "
+            "`mmdtl2 submit --address http://HEAD_IP:8265 --working-dir . -- mmdtl2 gram ...`"
         )
     runtime_env = sub.build_runtime_env(
         working_dir=args.working_dir,
@@ -149,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--installed, but {args.runtime_env} sets working_dir; drop one of the two"
         )
+    client = sub.connect(args.address, sub.auth_headers(args.auth_token_file))
     job_id = sub.submit_job(
         client,
         entrypoint,
