@@ -72,12 +72,7 @@ CORE_PARAMS = {
     "tol": "positive",
 }
 EXTRA_PARAMS = {
-    "ncm": {
-        "kernel": KERNELS,
-        "gamma": "positive_or_auto",
-        "degree": "positive_int",
-        "coef0": "number",
-    },
+    "ncm": {"kernel": ("linear", "rbf"), "gamma": "positive_or_auto"},
     "coral_svm": {"reg": "nonnegative", "c": "positive"},
     "sa_svm": {"n_components": "positive_int", "c": "positive"},
 }

@@ -1,0 +1,155 @@
+"""``mmdtl2 study``: run, resume and report studies (Ray Tune sweeps tracked in MLflow).
+
+Examples
+--------
+Run the bundled Office-Caltech10 study (12 shifts x 20 Hoffman splits) and print its
+table::
+
+    mmdtl2 study run studies/office_caltech10.toml
+    mlflow ui --backend-store-uri sqlite:///mmdtl2-studies/office_caltech10/mlflow.db
+
+Continue an interrupted study, then rebuild its report::
+
+    mmdtl2 study resume mmdtl2-studies/office_caltech10
+    mmdtl2 study report mmdtl2-studies/office_caltech10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _spec_path(arg: str) -> Path:
+    """A spec path, or the name of a bundled study (``studies/<name>.toml``)."""
+    p = Path(arg)
+    if p.exists() or p.suffix:
+        return p
+    bundled = Path(__file__).resolve().parents[2] / "studies" / f"{arg}.toml"
+    return bundled if bundled.exists() else p
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (default: a local Ray with --num-cpus CPUs)",
+    )
+    p.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)"
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _print_result(rep: dict) -> None:
+    print(rep["summary"])
+    print()
+    print(f"report: {rep['files'][0]}")
+    pngs = [str(f) for f in rep["files"] if str(f).endswith(".png")]
+    if pngs:
+        print("plots:  " + "\n        ".join(pngs))
+    if rep.get("tracking_uri"):
+        print(f"MLflow: experiment {rep['experiment']!r} in {rep['tracking_uri']}")
+        if rep["tracking_uri"].startswith("sqlite:"):
+            print(f"        mlflow ui --backend-store-uri {rep['tracking_uri']}")
+    if rep.get("missing"):
+        print(
+            f"warning: {len(rep['missing'])} trials have no result yet; run `mmdtl2 study resume`.",
+            file=sys.stderr,
+        )
+
+
+def _run(args) -> int:
+    from mmdtl2_dist.study.runner import run_study
+    from mmdtl2_dist.study.spec import load_spec
+
+    spec = load_spec(_spec_path(args.spec), output=args.output)
+    rep = run_study(
+        spec,
+        address=args.address,
+        num_cpus=args.num_cpus,
+        tracking_uri=args.tracking_uri,
+        progress=not args.quiet,
+    )
+    _print_result(rep)
+    return 0
+
+
+def _resume(args) -> int:
+    from mmdtl2_dist.study.runner import resume_study
+
+    rep = resume_study(
+        args.folder,
+        address=args.address,
+        num_cpus=args.num_cpus,
+        tracking_uri=args.tracking_uri,
+        progress=not args.quiet,
+    )
+    _print_result(rep)
+    return 0
+
+
+def _report(args) -> int:
+    from mmdtl2_dist.study.runner import report_study
+
+    rep = report_study(
+        args.folder, tracking_uri=args.tracking_uri, log=not args.no_mlflow, progress=False
+    )
+    _print_result(rep)
+    return 0
+
+
+def _validate(args) -> int:
+    from mmdtl2_dist.study.spec import load_spec
+
+    spec = load_spec(_spec_path(args.spec))
+    print(
+        f"{spec.name}: {len(spec.trials())} trials ({len(spec.configs())} method "
+        f"configurations x {len(spec.samples_per_class)} sample counts); output "
+        f"{spec.output}"
+    )
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``mmdtl2 study {run,resume,report,validate}``."""
+    p = subparsers.add_parser(
+        "study",
+        help="run, resume and report studies (Ray Tune + MLflow)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="study_command", metavar="ACTION")
+    r = sub.add_parser("run", help="run a study spec (TOML/YAML) end to end")
+    r.add_argument("spec", help="study spec file, or the name of a bundled study")
+    r.add_argument(
+        "--output",
+        default=None,
+        help="study folder (default: [study] output, else ./mmdtl2-studies/<name>)",
+    )
+    _common(r)
+    r.set_defaults(func=_run)
+    s = sub.add_parser("resume", help="continue an interrupted study (Tuner.restore)")
+    s.add_argument("folder", help="the study folder written by `study run`")
+    _common(s)
+    s.set_defaults(func=_resume)
+    t = sub.add_parser("report", help="(re)write the tables and plots of a study")
+    t.add_argument("folder", help="the study folder")
+    t.add_argument("--tracking-uri", default=None, help="MLflow tracking URI")
+    t.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
+    t.set_defaults(func=_report)
+    v = sub.add_parser("validate", help="check a study spec and count its trials")
+    v.add_argument("spec", help="study spec file")
+    v.set_defaults(func=_validate)
+
+    def _help(_args, p=p) -> int:
+        p.print_help()
+        return 2
+
+    p.set_defaults(func=_help)

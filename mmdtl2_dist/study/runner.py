@@ -1,0 +1,630 @@
+"""Run, resume and report a study (the driver side).
+
+``run_study``:
+
+1. prepares the data (the given store, or builds the bundled / synthetic one in
+   ``<output>/data``), validates the spec against it;
+2. computes each feature space's Gram **once** with the engine
+   (``<output>/grams/<space>__<preprocessing>``; an existing complete Gram is reused);
+3. draws the splits and writes the plan (``<output>/plan.pkl``) — trials only read it;
+4. runs every trial (method configuration x samples per class) as a Ray Tune trial
+   (experiment ``<output>/tune``); each finished trial is written to
+   ``<output>/results/<key>.json`` and logged to MLflow from the driver;
+5. writes the report (``<output>/report``) and logs it to the parent MLflow run.
+
+``resume_study`` restores the Tune experiment (``Tuner.restore``): finished trials are
+kept, unfinished and errored ones run again. Result files and MLflow runs are keyed by
+the trial key, so nothing is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from ray.tune import Callback
+
+from mmdtl2_dist.study.data import (
+    build_office_caltech_store,
+    make_synthetic,
+    pair_name,
+    read_split_file,
+    write_hoffman_split_file,
+)
+from mmdtl2_dist.study.report import write_report
+from mmdtl2_dist.study.spec import StudySpec, load_spec, parse_spec
+from mmdtl2_dist.study.splits import check_disjoint, draw_splits, fixed_splits, labelled_subset
+from mmdtl2_dist.study.trial import PairPlan, StudyPlan
+
+STATE_FILE = "study.json"
+PLAN_FILE = "plan.pkl"
+TUNE_DIR = "tune"
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+# -- data -------------------------------------------------------------------------------
+
+
+def prepare_data(spec: StudySpec) -> tuple[Path, Path | None]:
+    """The feature store and split file of a study (building bundled/synthetic data)."""
+    data_dir = spec.output / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    split_file = spec.split_file
+    if spec.builtin == "office_caltech10":
+        store = build_office_caltech_store(data_dir / "office_caltech10.zarr")
+        if spec.protocol == "fixed" and split_file is None:
+            split_file = write_hoffman_split_file(data_dir / "hoffman_splits.json")
+    elif spec.synthetic is not None:
+        store = make_synthetic(data_dir / "synthetic.zarr", spec.synthetic)
+    else:
+        store = spec.store
+    return store, split_file
+
+
+def resolve_pairs(spec: StudySpec, fs) -> list[tuple[str, str]]:
+    """The device pairs of the study, checked against the store."""
+    for space in {spec.source_space, spec.target_space}:
+        if space not in fs.spaces:
+            raise ValueError(
+                f"the feature store has no space {space!r}; it has {fs.spaces}. "
+                "Fix source_space/target_space in [data]."
+            )
+    src_devs, tgt_devs = fs.devices_in(spec.source_space), fs.devices_in(spec.target_space)
+    if spec.pairs == "all":
+        pairs = [(s, t) for s in src_devs for t in tgt_devs if s != t]
+        if not pairs:
+            raise ValueError('pairs = "all" found no two devices; list pairs explicitly.')
+        return pairs
+    for s, t in spec.pairs:
+        if s not in src_devs:
+            raise ValueError(
+                f"device {s!r} has no features in {spec.source_space!r}; devices "
+                f"there: {src_devs}. Fix [data] pairs."
+            )
+        if t not in tgt_devs:
+            raise ValueError(
+                f"device {t!r} has no features in {spec.target_space!r}; devices "
+                f"there: {tgt_devs}. Fix [data] pairs."
+            )
+    return list(spec.pairs)
+
+
+def gram_path(spec: StudySpec, space: str) -> Path:
+    return spec.output / "grams" / f"{space}__{spec.preprocessing}"
+
+
+def compute_grams(
+    spec: StudySpec, store: Path, *, address: str | None, progress: bool
+) -> dict[str, str]:
+    """Compute (or reuse) the Gram of each feature space of the study."""
+    from mmdtl2_dist.engine import compute_gram
+
+    out = {}
+    for space in dict.fromkeys([spec.source_space, spec.target_space]):
+        p = gram_path(spec, space)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        g = compute_gram(
+            store, space, p, preprocessing=spec.preprocessing, address=address, progress=progress
+        )
+        _say(
+            progress,
+            f"study: Gram of {space!r} ({g.n} samples) ready in "
+            f"{time.perf_counter() - t0:.1f} s at {p}",
+        )
+        out[space] = str(p)
+    return out
+
+
+def build_plan(
+    spec: StudySpec, store: Path, split_file: Path | None, grams: dict[str, str]
+) -> StudyPlan:
+    """Draw (or read) the splits of every pair and map device rows to Gram rows."""
+    from mmdtl2_dist.engine import GramStore
+    from mmdtl2_dist.store.feature_store import FeatureStore
+
+    fs = FeatureStore.open(store)
+    gs_src, gs_tgt = (
+        GramStore.open(grams[spec.source_space]),
+        GramStore.open(grams[spec.target_space]),
+    )
+    meta = fs.metadata
+    pairs = []
+    for s, t in resolve_pairs(spec, fs):
+        ms = meta[(meta.device == s) & (meta.space == spec.source_space)].sort_values("row")
+        mt = meta[(meta.device == t) & (meta.space == spec.target_space)].sort_values("row")
+        ys, yt = ms["label"].to_numpy(np.int64), mt["label"].to_numpy(np.int64)
+        name = pair_name(s, t)
+        for dev, y in ((s, ys), (t, yt)):
+            if (y < 0).any():
+                raise ValueError(
+                    f"device {dev!r} has unlabelled samples (label -1); a study "
+                    "needs labels for every sample of its devices."
+                )
+        missing = sorted(set(yt) - set(ys))
+        if missing:
+            raise ValueError(f"{name}: target classes {missing} have no source sample.")
+        if spec.protocol == "fixed":
+            entries = read_split_file(split_file, name)
+            if len(entries) < spec.n_splits:
+                raise ValueError(
+                    f"{name}: the split file has {len(entries)} splits but "
+                    f"n_splits = {spec.n_splits}; lower n_splits."
+                )
+            splits = fixed_splits(
+                entries[: spec.n_splits],
+                seed=spec.seed,
+                pair=(s, t),
+                n_source=ys.size,
+                n_target=yt.size,
+            )
+        else:
+            gsrc = gtgt = None
+            if spec.protocol == "group":
+                gsrc, gtgt = ms["group"].to_numpy(str), mt["group"].to_numpy(str)
+                for dev, g in ((s, gsrc), (t, gtgt)):
+                    if (g == "").any():
+                        raise ValueError(
+                            f"protocol 'group' needs the group column of device "
+                            f"{dev!r}, which is empty; fill it at ingest or use "
+                            "protocol 'half'."
+                        )
+            splits = draw_splits(
+                ys,
+                yt,
+                n_splits=spec.n_splits,
+                seed=spec.seed,
+                pair=(s, t),
+                protocol=spec.protocol,
+                train_fraction=spec.train_fraction,
+                groups_source=gsrc,
+                groups_target=gtgt,
+                source_per_class=spec.source_per_class,
+            )
+        groups_t = mt["group"].to_numpy(str) if spec.protocol == "group" else None
+        for sp in splits:
+            check_disjoint(sp, groups_t)
+            try:
+                labelled_subset(sp, yt, max(spec.samples_per_class))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+        shared = spec.shared_space
+        pairs.append(
+            PairPlan(
+                name=name,
+                source=s,
+                target=t,
+                source_gram=grams[spec.source_space],
+                target_gram=grams[spec.target_space],
+                shared=shared,
+                source_rows=gs_src.rows(s),
+                target_rows=gs_tgt.rows(t),
+                target_rows_in_source=gs_src.rows(t) if shared else None,
+                y_source=ys,
+                y_target=yt,
+                splits=splits,
+                store=str(store),
+                source_space=spec.source_space,
+                target_space=spec.target_space,
+            )
+        )
+    return StudyPlan(spec.fingerprint(), fs.fingerprint, spec.seed, pairs)
+
+
+# -- Ray and Tune -----------------------------------------------------------------------
+
+
+def _ensure_ray(address: str | None, num_cpus: int | None):
+    import ray
+
+    if ray.is_initialized():
+        return ray, False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env = {
+        "env_vars": {
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (pkg_root, os.environ.get("PYTHONPATH", "")) if p
+            )
+        }
+    }
+    if address is None:
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env=env,
+        )
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return ray, True
+
+
+def _trainable(spec: StudySpec):
+    from ray import tune
+
+    from mmdtl2_dist.study.trial import tune_trainable
+
+    bundles = [{"CPU": spec.cpus_per_trial}] + [{"CPU": 1.0}] * spec.split_tasks
+    return tune.with_resources(tune_trainable, tune.PlacementGroupFactory(bundles))
+
+
+class _Sink:
+    """Receives finished trials in the driver: result file, MLflow run, progress line.
+
+    Built from plain values so that it can live inside a pickled Tune callback (Tune
+    stores the run config, callbacks included, for ``Tuner.restore``).
+    """
+
+    def __init__(self, output: str, tracker_cfg: dict, tags: dict, total: int, progress: bool):
+        self.output, self.tracker_cfg, self.tags = output, tracker_cfg, tags
+        self.total, self.progress = total, progress
+        self._tracker = None
+        self.t0 = time.perf_counter()
+
+    def __getstate__(self):
+        return {**self.__dict__, "_tracker": None}
+
+    @property
+    def tracker(self):
+        from mmdtl2_dist.study.tracking import StudyTracker
+
+        if self._tracker is None and self.tracker_cfg:
+            self._tracker = StudyTracker(**self.tracker_cfg)
+        return self._tracker
+
+    def __call__(self, payload: dict) -> None:
+        results = Path(self.output) / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        path = results / f"{payload['key']}.json"
+        fresh = not path.exists()
+        if fresh:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(payload))
+            tmp.replace(path)
+        if self.tracker is not None:
+            self.tracker.log_trial(payload, self.tags)
+        if fresh:
+            done = len(list(results.glob("*.json")))
+            _say(
+                self.progress,
+                f"[{done}/{self.total}] {payload['label']} n={payload['n_per_class']}: "
+                f"accuracy {100 * payload['accuracy']:.2f} ± "
+                f"{100 * payload['accuracy_std']:.2f} % over {len(payload['units'])} fits, "
+                f"solver {payload['solver_s']:.1f} s of {payload['wall_s']:.1f} s "
+                f"({time.perf_counter() - self.t0:.0f} s elapsed)",
+            )
+
+
+def trial_dirname(trial) -> str:
+    """Short Tune trial folder names (the default spells out the whole config)."""
+    return f"trial_{trial.trial_id}"
+
+
+class StudyCallback(Callback):
+    """Hands each trial's final result to the sink, in the driver."""
+
+    def __init__(self, sink: _Sink):
+        self.sink = sink
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if "payload" in result:
+            self.sink(json.loads(result["payload"]))
+
+
+# -- entry points -----------------------------------------------------------------------
+
+
+def tracker_config(spec: StudySpec, uri: str | None) -> dict:
+    """Arguments of the study's :class:`StudyTracker` (plain values)."""
+    from mmdtl2_dist.study.tracking import default_tracking_uri
+
+    uri = uri or spec.tracking_uri or default_tracking_uri(spec.output)
+    art = None
+    if uri.startswith("sqlite:") or uri.startswith("file:"):
+        art = (spec.output / "mlartifacts").resolve().as_uri()
+    return {
+        "tracking_uri": uri,
+        "experiment": spec.experiment or f"mmdtl2-{spec.name}",
+        "study_name": spec.name,
+        "spec_fingerprint": spec.fingerprint(),
+        "artifact_location": art,
+    }
+
+
+def _tracker(spec: StudySpec, uri: str | None):
+    from mmdtl2_dist.study.tracking import StudyTracker
+
+    return StudyTracker(**tracker_config(spec, uri))
+
+
+def _write_state(spec: StudySpec, extra: dict) -> None:
+    path = spec.output / STATE_FILE
+    state = json.loads(path.read_text()) if path.exists() else {}
+    state.update(
+        {
+            "spec_path": str(spec.path) if spec.path else None,
+            "raw": spec.raw,
+            "spec_fingerprint": spec.fingerprint(),
+            "output": str(spec.output),
+            **extra,
+        }
+    )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, default=str))
+    tmp.replace(path)
+
+
+def load_state_spec(output: str | Path) -> StudySpec:
+    """The spec of an existing study folder (for resume and report)."""
+    out = Path(output).expanduser().resolve()
+    path = out / STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{out} is not a study folder (no {STATE_FILE}); pass the "
+            "folder that `mmdtl2 study run` wrote (its --output)."
+        )
+    state = json.loads(path.read_text())
+    sp = Path(state["spec_path"]) if state.get("spec_path") else None
+    return parse_spec(state["raw"], sp, output=out)
+
+
+def run_study(
+    spec: StudySpec | str | Path,
+    *,
+    resume: bool = False,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    tracking_uri: str | None = None,
+    progress: bool = True,
+    max_trials: int | None = None,
+) -> dict:
+    """Run (or resume) a study end to end; return the report dict.
+
+    Parameters
+    ----------
+    spec : StudySpec or path
+        The study.
+    resume : bool
+        Restore the Tune experiment of ``spec.output`` (after an interruption).
+    address : str, optional
+        Ray cluster address; default a local Ray (or the running session).
+    num_cpus : int, optional
+        CPUs of a new local Ray.
+    tracking_uri : str, optional
+        MLflow tracking URI (default ``sqlite:///<output>/mlflow.db``).
+    progress : bool
+        Progress lines on stderr.
+    max_trials : int, optional
+        Stop after this many new trials (for tests and benchmarks of interruption).
+    """
+    from ray import tune
+
+    if not isinstance(spec, StudySpec):
+        spec = load_spec(spec)
+    t_start = time.perf_counter()
+    out = spec.output
+    state_path = out / STATE_FILE
+    if state_path.exists():
+        old = json.loads(state_path.read_text())
+        if old.get("spec_fingerprint") != spec.fingerprint():
+            raise ValueError(
+                f"{out} holds another study (its spec changed); choose another "
+                "--output or delete the folder."
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    _write_state(spec, {})
+    tune_dir = out / TUNE_DIR
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    ray, owned = _ensure_ray(address, num_cpus)
+    try:
+        store, split_file = prepare_data(spec)
+        t0 = time.perf_counter()
+        grams = compute_grams(spec, store, address=address, progress=progress)
+        gram_s = time.perf_counter() - t0
+        plan_path = out / PLAN_FILE
+        if plan_path.exists():
+            from mmdtl2_dist.study.trial import load_plan
+
+            plan = load_plan(str(plan_path))
+        else:
+            plan = build_plan(spec, store, split_file, grams)
+            plan.save(plan_path)
+        tcfg = tracker_config(spec, tracking_uri)
+        tracker = _tracker(spec, tracking_uri)
+        tags = {
+            "split_seed": str(spec.seed),
+            "data_fingerprint": plan.data_fingerprint,
+            "code_version": _code_version(),
+            "study": spec.name,
+        }
+        tracker.log_parent(
+            params=_flat_params(spec), tags=tags, files=[spec.path] if spec.path else []
+        )
+        trials = spec.trials()
+        sink = _Sink(str(out), tcfg, tags, len(trials), progress)
+        n_units = sum(len(p.splits) for p in plan.pairs)
+        _say(
+            progress,
+            f"study {spec.name!r}: {len(trials)} trials x {n_units} fits "
+            f"({len(plan.pairs)} pairs); output {out}",
+        )
+        trainable = _trainable(spec)
+        t1 = time.perf_counter()
+        if (resume or tune_dir.exists()) and tune.Tuner.can_restore(str(tune_dir)):
+            _say(progress, f"study: resuming the Tune experiment in {tune_dir}")
+            # The callback (and its sink) come back from the experiment's tuner.pkl.
+            tuner = tune.Tuner.restore(
+                str(tune_dir), trainable=trainable, resume_unfinished=True, restart_errored=True
+            )
+        else:
+            done = (
+                {p.stem for p in (out / "results").glob("*.json")}
+                if (out / "results").exists()
+                else set()
+            )
+            todo = [t for t in trials if t.key not in done]
+            if max_trials is not None:
+                todo = todo[:max_trials]
+            tuner = tune.Tuner(
+                trainable,
+                param_space={
+                    "plan_path": str(plan_path),
+                    "split_tasks": spec.split_tasks,
+                    "trial": tune.grid_search([t.to_dict() for t in todo]),
+                },
+                tune_config=tune.TuneConfig(
+                    reuse_actors=True,
+                    trial_dirname_creator=trial_dirname,
+                    max_concurrent_trials=spec.max_concurrent_trials or None,
+                ),
+                run_config=tune.RunConfig(
+                    name=TUNE_DIR, storage_path=str(out), verbose=0, callbacks=[StudyCallback(sink)]
+                ),
+            )
+        grid = tuner.fit()
+        tune_s = time.perf_counter() - t1
+        for r in grid:
+            if r.metrics and "payload" in r.metrics:
+                sink(json.loads(r.metrics["payload"]))
+        errors = [e for e in grid.errors]
+        if errors:
+            raise RuntimeError(
+                f"{len(errors)} trial(s) failed; the first error: {errors[0]}. "
+                "Fix the cause and run `mmdtl2 study resume` on "
+                f"{out}."
+            )
+        timing = {
+            "gram_s": gram_s,
+            "tune_wall_s": tune_s,
+            "study_wall_s": time.perf_counter() - t_start,
+        }
+        _write_state(spec, {"last_run": timing})
+        return report_study(spec, tracker=tracker, progress=progress, timing=timing)
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _code_version() -> str:
+    from mmdtl2_dist.study.tracking import code_version
+
+    return code_version()
+
+
+def _flat_params(spec: StudySpec) -> dict:
+    out = {}
+
+    def walk(prefix, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else k, x)
+        elif prefix != "methods":
+            out[prefix] = json.dumps(v) if isinstance(v, list) else v
+
+    walk("", {k: v for k, v in spec.raw.items() if k != "methods"})
+    out["methods"] = json.dumps([m.label for m in spec.methods])
+    return out
+
+
+def resume_study(output: str | Path, **kwargs) -> dict:
+    """Resume the study in folder ``output`` (see :func:`run_study`)."""
+    return run_study(load_state_spec(output), resume=True, **kwargs)
+
+
+def load_payloads(spec: StudySpec) -> tuple[list[dict], list[str]]:
+    """Trial payloads present in ``<output>/results``, and keys of missing trials."""
+    found, missing = [], []
+    for t in spec.trials():
+        p = spec.output / "results" / f"{t.key}.json"
+        if p.exists():
+            found.append(json.loads(p.read_text()))
+        else:
+            missing.append(t.key)
+    return found, missing
+
+
+def report_study(
+    spec: StudySpec | str | Path,
+    *,
+    tracker=None,
+    tracking_uri: str | None = None,
+    progress: bool = True,
+    timing: dict | None = None,
+    log: bool = True,
+) -> dict:
+    """Write the report of a (finished or partial) study and log it to MLflow.
+
+    Parameters
+    ----------
+    spec : StudySpec, or a study folder
+        The study.
+    tracker : StudyTracker, optional
+        Reuse an open tracker.
+    log : bool
+        Log the report to the parent MLflow run.
+    """
+    if not isinstance(spec, StudySpec):
+        spec = load_state_spec(spec)
+    payloads, missing = load_payloads(spec)
+    if not payloads:
+        raise ValueError(f"no finished trials in {spec.output}; run `mmdtl2 study run` first.")
+    if timing is None:
+        st = spec.output / STATE_FILE
+        timing = json.loads(st.read_text()).get("last_run", {}) if st.exists() else {}
+    timing = dict(timing)
+    sum_wall = float(sum(p["wall_s"] for p in payloads))
+    sum_solver = float(sum(p["solver_s"] for p in payloads))
+    sum_slice = float(sum(p["load_s"] for p in payloads))
+    timing.update(
+        {
+            "trials": len(payloads),
+            "fits": sum(len(p["units"]) for p in payloads),
+            "sum_trial_wall_s": sum_wall,
+            "sum_solver_s": sum_solver,
+            "sum_slice_s": sum_slice,
+        }
+    )
+    if timing.get("tune_wall_s"):
+        import ray
+
+        cpus = ray.cluster_resources().get("CPU", 1.0) if ray.is_initialized() else 1.0
+        slots = max(1.0, min(cpus // max(spec.cpus_per_trial, 1e-9), len(payloads)))
+        timing["parallel_slots"] = slots
+        timing["solver_share_of_capacity"] = sum_solver / (timing["tune_wall_s"] * slots)
+        timing["framework_overhead_s"] = max(timing["tune_wall_s"] - sum_wall / slots, 0.0)
+    title = f"Study {spec.name}" + (
+        f" (incomplete: {len(missing)} trials missing)" if missing else ""
+    )
+    order = [c.label for c in spec.configs()]
+    rep = write_report(
+        payloads,
+        spec.output / "report",
+        title=title,
+        ref_source=spec.reference_source,
+        ref_target=spec.reference_target,
+        label_order=order,
+        timing=timing,
+    )
+    if log:
+        if tracker is None:
+            tracker = _tracker(spec, tracking_uri)
+        tracker.log_parent(
+            metrics={k: v for k, v in timing.items() if isinstance(v, int | float)},
+            files=rep["files"],
+            finished=not missing,
+        )
+        rep["tracking_uri"] = tracker.uri
+        rep["experiment"] = tracker.experiment
+    rep["missing"] = missing
+    return rep

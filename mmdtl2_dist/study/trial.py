@@ -1,0 +1,352 @@
+"""What a trial does: slice cached Gram blocks for every (pair, split) and fit a method.
+
+A **trial** is one method configuration at one number ``n`` of labelled target samples
+per class, evaluated over *every* device pair and split of the study (a "unit" is one
+pair and one split). Making a trial this coarse keeps Ray Tune's per-trial cost (seconds
+on 2 CPUs: actor start, result processing, experiment checkpoints) small next to the
+solver time; the units run one after the other inside the trial, or, with
+``[execution] split_tasks = k``, as ``k`` Ray tasks inside the trial's placement group
+(for clusters with more CPUs than trials).
+
+Data reach the trial **by path**: the plan (splits and row maps, written once by the
+driver to ``<output>/plan.pkl``) and the Gram stores are opened from shared storage, so
+the same code runs on a laptop and on a cluster whose nodes mount the study folder. Each
+worker process keeps the Gram rows of the study's devices in memory between trials (Tune
+reuses its actors), so a Gram is read once per worker, not once per trial.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from mmdtl2_dist.study.baselines import ncm_predict, skada_predict
+from mmdtl2_dist.study.splits import Split, labelled_subset
+
+INFO_KEYS = (
+    "objective",
+    "n_iter",
+    "qp_status",
+    "qp_kkt_residual",
+    "time_wstep_s",
+    "time_svm_s",
+    "time_total_s",
+    "converged",
+)
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    """Everything a trial needs about one (source, target) device pair.
+
+    ``*_rows`` map device positions (0..n_device-1) to Gram rows.
+    """
+
+    name: str
+    source: str
+    target: str
+    source_gram: str
+    target_gram: str
+    shared: bool
+    source_rows: np.ndarray
+    target_rows: np.ndarray
+    target_rows_in_source: np.ndarray | None
+    y_source: np.ndarray
+    y_target: np.ndarray
+    splits: list[Split]
+    store: str
+    source_space: str
+    target_space: str
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """The plan of a study: pairs and splits, written once and read by every trial."""
+
+    spec_fingerprint: str
+    data_fingerprint: str
+    seed: int
+    pairs: list[PairPlan]
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(self, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        tmp.replace(path)
+
+
+@lru_cache(maxsize=4)
+def load_plan(path: str) -> StudyPlan:
+    """Read a plan (cached per process)."""
+    with open(path, "rb") as fh:
+        return pickle.load(fh)
+
+
+@dataclass
+class Blocks:
+    """Gram blocks and labels of one unit (the inputs of a method).
+
+    Attributes are named as in the core's ``GramProblem``; ``yq`` are the test labels
+    (used only to score), ``Kst``/``Ksq`` are ``None`` unless both devices share a space.
+    """
+
+    ys: np.ndarray
+    yt: np.ndarray
+    yq: np.ndarray
+    Kss: np.ndarray
+    Ktt: np.ndarray
+    Ktq: np.ndarray
+    sq_q: np.ndarray
+    Kst: np.ndarray | None
+    Ksq: np.ndarray | None
+
+
+class _DenseGram:
+    """Rows of a Gram store held in memory, addressed by global Gram row."""
+
+    def __init__(self, path: str, rows: np.ndarray):
+        from mmdtl2_dist.engine import GramStore
+
+        g = GramStore.open(path)
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.G = g.block(self.rows, self.rows)
+        self.sq = g.sq_norms(self.rows)
+
+    def pos(self, gram_rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.rows, gram_rows)
+
+    def block(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.G[np.ix_(self.pos(a), self.pos(b))]
+
+
+_GRAMS: dict = {}
+
+
+def dense_gram(path: str, rows: np.ndarray) -> _DenseGram:
+    """The Gram rows ``rows`` of store ``path``, cached in this process."""
+    key = (path, hash(np.asarray(rows).tobytes()))
+    if key not in _GRAMS:
+        if len(_GRAMS) >= 4:
+            _GRAMS.pop(next(iter(_GRAMS)))
+        _GRAMS[key] = _DenseGram(path, rows)
+    return _GRAMS[key]
+
+
+def _needed_rows(plan: StudyPlan, path: str) -> np.ndarray:
+    rows = []
+    for p in plan.pairs:
+        if p.source_gram == path:
+            rows.append(p.source_rows)
+            if p.target_rows_in_source is not None:
+                rows.append(p.target_rows_in_source)
+        if p.target_gram == path:
+            rows.append(p.target_rows)
+    return np.unique(np.concatenate(rows))
+
+
+def unit_blocks(plan: StudyPlan, pair: PairPlan, split: Split, n: int) -> tuple[Blocks, dict]:
+    """Slice the blocks of one unit; also return the rows used (for feature methods)."""
+    t_local = labelled_subset(split, pair.y_target, n) if n > 0 else np.zeros(0, np.int64)
+    s_local, q_local = split.source_train, split.target_test
+    gs = dense_gram(pair.source_gram, _needed_rows(plan, pair.source_gram))
+    gt = dense_gram(pair.target_gram, _needed_rows(plan, pair.target_gram))
+    s, t, q = pair.source_rows[s_local], pair.target_rows[t_local], pair.target_rows[q_local]
+    Kst = Ksq = None
+    if pair.shared:
+        Kst, Ksq = gs.block(s, t), gs.block(s, q)
+    blocks = Blocks(
+        ys=pair.y_source[s_local],
+        yt=pair.y_target[t_local],
+        yq=pair.y_target[q_local],
+        Kss=gs.block(s, s),
+        Ktt=gt.block(t, t),
+        Ktq=gt.block(t, q),
+        sq_q=gt.sq[gt.pos(q)],
+        Kst=Kst,
+        Ksq=Ksq,
+    )
+    return blocks, {
+        "source": s_local,
+        "target": t_local,
+        "test": q_local,
+        "pool": split.target_pool,
+    }
+
+
+def _core_problem(b: Blocks):
+    from mmdtl2_dist.core.methods import GramProblem
+
+    return GramProblem(
+        ys=b.ys, yt=b.yt, Kss=b.Kss, Ktt=b.Ktt, Ktq=b.Ktq, sq_q=b.sq_q, Kst=b.Kst, Ksq=b.Ksq
+    )
+
+
+def _plain(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _select_grid(params: dict, select: dict) -> list[dict]:
+    import itertools
+
+    names = list(select)
+    return [
+        {**params, **dict(zip(names, vals, strict=True))}
+        for vals in itertools.product(*(select[k] for k in names))
+    ]
+
+
+def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) -> dict:
+    """Fit and score one method configuration on one (pair, split).
+
+    Returns
+    -------
+    dict
+        ``pair``, ``split``, ``accuracy``, ``per_class`` (recall per test class),
+        ``n_test``, ``fit_s``, ``slice_s``, ``info`` (the method's diagnostics) and
+        ``chosen`` (parameters picked by cross-validation, if any).
+    """
+    t0 = time.perf_counter()
+    blocks, rows = unit_blocks(plan, pair, split, trial["n_per_class"])
+    t1 = time.perf_counter()
+    method, params, select = trial["method"], dict(trial["params"]), trial.get("select") or {}
+    chosen = {}
+    if method == "ncm":
+        y_pred, info = ncm_predict(blocks, params)
+    elif method in ("coral_svm", "sa_svm"):
+        y_pred, info = _skada_unit(pair, rows, blocks, method, params)
+    else:
+        from mmdtl2_dist.core.methods import fit_predict
+
+        problem = _core_problem(blocks)
+        if select:
+            from mmdtl2_dist.core.selection import select_by_cv
+
+            best, _ = select_by_cv(method, _select_grid(params, select), problem)
+            chosen = {k: _plain(best[k]) for k in select}
+            params = {**params, **chosen}
+        out = fit_predict(method, params, problem)
+        y_pred, info = out.y_pred, out.info
+    fit_s = time.perf_counter() - t1
+    y_pred = np.asarray(y_pred)
+    per_class = {
+        str(int(k)): float(np.mean(y_pred[blocks.yq == k] == k)) for k in np.unique(blocks.yq)
+    }
+    return {
+        "pair": pair.name,
+        "split": split.index,
+        "accuracy": float(np.mean(y_pred == blocks.yq)),
+        "per_class": per_class,
+        "n_test": int(blocks.yq.size),
+        "n_labelled": int(blocks.yt.size),
+        "fit_s": fit_s,
+        "slice_s": t1 - t0,
+        "info": {k: _plain(info[k]) for k in INFO_KEYS if k in info},
+        "chosen": chosen,
+    }
+
+
+@lru_cache(maxsize=8)
+def _features(store: str, device: str, space: str, gram: str) -> np.ndarray:
+    from mmdtl2_dist.engine import GramStore
+    from mmdtl2_dist.store.feature_store import FeatureStore
+
+    X = FeatureStore.open(store).read(device, space).astype(np.float64)
+    return GramStore.open(gram).stats(device).transform(X)
+
+
+def _skada_unit(pair: PairPlan, rows: dict, blocks: Blocks, method: str, params: dict):
+    Xs_all = _features(pair.store, pair.source, pair.source_space, pair.source_gram)
+    Xt_all = _features(pair.store, pair.target, pair.target_space, pair.target_gram)
+    s, t, q, pool = rows["source"], rows["target"], rows["test"], rows["pool"]
+    masked = np.full(pool.size, -1, dtype=np.int64)
+    labelled = np.isin(pool, t)
+    masked[labelled] = pair.y_target[pool[labelled]]
+    return skada_predict(method, params, Xs_all[s], blocks.ys, Xt_all[pool], masked, Xt_all[q])
+
+
+def run_units(plan_path: str, trial: dict, units: list[tuple[int, int]]) -> list[dict]:
+    """Evaluate the given (pair index, split index) units of a trial, in order."""
+    plan = load_plan(plan_path)
+    out = []
+    for pi, si in units:
+        pair = plan.pairs[pi]
+        out.append(evaluate_unit(plan, pair, pair.splits[si], trial))
+    return out
+
+
+def all_units(plan: StudyPlan) -> list[tuple[int, int]]:
+    return [(pi, si) for pi, p in enumerate(plan.pairs) for si in range(len(p.splits))]
+
+
+def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0) -> dict:
+    """Evaluate a trial over every unit; return its payload (what is reported and logged).
+
+    Parameters
+    ----------
+    plan_path : str
+        The study plan.
+    trial : dict
+        :meth:`TrialSpec.to_dict`.
+    split_tasks : int
+        0: units in this process; k > 0: ``k`` Ray tasks of one CPU each.
+    """
+    t0 = time.perf_counter()
+    plan = load_plan(plan_path)
+    units = all_units(plan)
+    if split_tasks > 0:
+        import ray
+
+        remote = ray.remote(num_cpus=1, max_retries=2)(run_units)
+        chunks = [units[i::split_tasks] for i in range(split_tasks) if units[i::split_tasks]]
+        results = [
+            r
+            for part in ray.get([remote.remote(plan_path, trial, c) for c in chunks])
+            for r in part
+        ]
+        results.sort(key=lambda r: (r["pair"], r["split"]))
+    else:
+        results = run_units(plan_path, trial, units)
+    wall = time.perf_counter() - t0
+    solver = float(sum(r["fit_s"] for r in results))
+    load = float(sum(r["slice_s"] for r in results))
+    acc = np.array([r["accuracy"] for r in results])
+    return {
+        **trial,
+        "units": results,
+        "accuracy": float(acc.mean()),
+        "accuracy_std": float(acc.std(ddof=1)) if acc.size > 1 else 0.0,
+        "wall_s": wall,
+        "solver_s": solver,
+        "load_s": load,
+        "overhead_s": max(wall - solver - load, 0.0),
+    }
+
+
+def tune_trainable(config: dict) -> None:
+    """The Ray Tune function trainable: evaluate the trial, report once."""
+    from ray import tune
+
+    payload = evaluate_trial(
+        config["plan_path"], config["trial"], int(config.get("split_tasks", 0))
+    )
+    tune.report(
+        {
+            "accuracy": payload["accuracy"],
+            "accuracy_std": payload["accuracy_std"],
+            "solver_s": payload["solver_s"],
+            "trial_wall_s": payload["wall_s"],
+            "payload": json.dumps(payload, default=_plain),
+        }
+    )
