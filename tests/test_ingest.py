@@ -48,15 +48,23 @@ def test_npy_with_side_table(tmp_path, sample):
     pd.DataFrame({"label": y, "group": groups, "sample_id": ids}).to_csv(
         tmp_path / "m.csv", index=False
     )
-    ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.npy"),
-                                         metadata_path=str(tmp_path / "m.csv"))])  # fmt: skip
+    ingest(
+        tmp_path / "st",
+        [IngestInput("a", "s", str(tmp_path / "x.npy"), metadata_path=str(tmp_path / "m.csv"))],
+    )
     _check(tmp_path / "st", X, y, groups, ids)
 
 
 def test_npz_with_keys_and_class_table(tmp_path, sample):
     X, y, groups, ids = sample
-    np.savez(tmp_path / "x.npz", feats=X, labels=y, groups=groups, ids=ids,
-             class_names=np.array(["adenoma", "hyperplastic", "cancer"]))  # fmt: skip
+    np.savez(
+        tmp_path / "x.npz",
+        feats=X,
+        labels=y,
+        groups=groups,
+        ids=ids,
+        class_names=np.array(["adenoma", "hyperplastic", "cancer"]),
+    )
     fs = ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.npz"))], progress=False)
     _check(tmp_path / "st", X, y, groups, ids)
     names = fs.metadata["class_name"].to_numpy()
@@ -65,8 +73,9 @@ def test_npz_with_keys_and_class_table(tmp_path, sample):
 
 def test_mat_v5(tmp_path, sample):
     X, y, groups, _ = sample
-    scipy.io.savemat(tmp_path / "x.mat", {"fts": X, "labels": y[:, None].astype(float),
-                                          "groups": groups})  # fmt: skip
+    scipy.io.savemat(
+        tmp_path / "x.mat", {"fts": X, "labels": y[:, None].astype(float), "groups": groups}
+    )
     ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.mat"))])
     _check(tmp_path / "st", X, y, groups)
 
@@ -110,13 +119,15 @@ def test_csv_and_parquet_tables(tmp_path, sample):
     listed = pd.DataFrame({"emb": list(X), "label": y})
     listed.to_parquet(tmp_path / "l.parquet", index=False)
     # CSV text has no dtype: float32 data round-trips exactly when stored as float32.
-    ingest(tmp_path / "csv", [IngestInput("a", "s", str(tmp_path / "x.csv"))],
-           dtype=X.dtype.name)  # fmt: skip
+    ingest(tmp_path / "csv", [IngestInput("a", "s", str(tmp_path / "x.csv"))], dtype=X.dtype.name)
     _check(tmp_path / "csv", X, y, groups, ids, device="a")
-    ingest(tmp_path / "st", [
-        IngestInput("b", "s", str(tmp_path / "x.parquet")),
-        IngestInput("c", "s", str(tmp_path / "l.parquet")),
-    ])  # fmt: skip
+    ingest(
+        tmp_path / "st",
+        [
+            IngestInput("b", "s", str(tmp_path / "x.parquet")),
+            IngestInput("c", "s", str(tmp_path / "l.parquet")),
+        ],
+    )
     _check(tmp_path / "st", X, y, groups, ids, device="b")
     _check(tmp_path / "st", X, y, device="c")
 
@@ -139,10 +150,14 @@ def test_integer_features_become_exact_float64_and_transpose(tmp_path):
         ("z.npz", {"X": np.ones((4, 3)), "labels": np.ones(5)}, {}, "label has 5 entries"),
         ("s.csv", "f0,f1,kind\n1,2,x\n3,4,y\n", {}, "non-numeric feature column"),
         ("e.csv", "f0,f1\n", {}, "no samples"),
-        ("l.npz", {"X": np.ones((4, 3)), "labels": np.array([0.5, 1, 2, 3])}, {},
-         "labels must be integers"),
+        (
+            "l.npz",
+            {"X": np.ones((4, 3)), "labels": np.array([0.5, 1, 2, 3])},
+            {},
+            "labels must be integers",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_files_give_clear_errors(tmp_path, name, content, kwargs, match):
     path = tmp_path / name
     if isinstance(content, dict):
@@ -165,8 +180,13 @@ def test_missing_file_and_nan_rows(tmp_path):
     np.save(tmp_path / "good.npy", good)
     np.save(tmp_path / "bad.npy", bad)
     with pytest.raises(ValueError, match=r"bad\.npy: 2 sample.*rows 2, 257"):
-        ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "good.npy")),
-                                 IngestInput("b", "s", str(tmp_path / "bad.npy"))])  # fmt: skip
+        ingest(
+            tmp_path / "st",
+            [
+                IngestInput("a", "s", str(tmp_path / "good.npy")),
+                IngestInput("b", "s", str(tmp_path / "bad.npy")),
+            ],
+        )
     assert list(p.name for p in tmp_path.iterdir() if p.is_dir()) == []  # no half store
 
 
@@ -178,11 +198,22 @@ def test_cli_ingest_with_progress(tmp_path, sample, monkeypatch, capsys):
     monkeypatch.setattr(fs_module, "PROGRESS_MIN_BYTES", 0)
     parser = argparse.ArgumentParser()
     ingest_cmd.register(parser.add_subparsers())
-    args = parser.parse_args([
-        "ingest", str(tmp_path / "st"), "-i", f"a:s:{tmp_path / 'x.npz'}",
-        "-i", f"a:t:{tmp_path / 'z.npy'}", "--metadata", f"a:{tmp_path / 'm.parquet'}",
-        "--chunk-rows", "8", "--compression", "zstd",
-    ])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "ingest",
+            str(tmp_path / "st"),
+            "-i",
+            f"a:s:{tmp_path / 'x.npz'}",
+            "-i",
+            f"a:t:{tmp_path / 'z.npy'}",
+            "--metadata",
+            f"a:{tmp_path / 'm.parquet'}",
+            "--chunk-rows",
+            "8",
+            "--compression",
+            "zstd",
+        ]
+    )
     assert args.func(args) == 0
     out = capsys.readouterr()
     assert "ingest a/s:" in out.err and "fingerprint" in out.out

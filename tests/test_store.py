@@ -41,16 +41,24 @@ def test_round_trip_and_metadata(tmp_path, data):
         got = fs.read(d, s)
         assert got.dtype == X.dtype and np.array_equal(got, X)
     md = fs.metadata
-    assert set(md.columns) >= {"device", "space", "row", "label", "class_name", "group",
-                               "sample_id"}  # fmt: skip
+    assert set(md.columns) >= {
+        "device",
+        "space",
+        "row",
+        "label",
+        "class_name",
+        "group",
+        "sample_id",
+    }
     sub = md[(md.device == "a") & (md.space == "s")]
     assert np.array_equal(sub["row"], np.arange(50))
     assert np.array_equal(sub["label"], data[("a", "s")][1])
     assert list(sub["sample_id"][:2]) == ["a/0", "a/1"]
     rows = np.array([7, 3, 3, 49, 0])
     assert np.array_equal(fs.read("a", "s", rows), data[("a", "s")][0][rows])
-    assert np.array_equal(fs.read("a", "s", slice(5, 9), cols=slice(2, 4)),
-                          data[("a", "s")][0][5:9, 2:4])  # fmt: skip
+    assert np.array_equal(
+        fs.read("a", "s", slice(5, 9), cols=slice(2, 4)), data[("a", "s")][0][5:9, 2:4]
+    )
 
 
 def test_fingerprint_is_a_content_hash(tmp_path, data):

@@ -72,8 +72,22 @@ def test_paper_sizes(tmp_path):
 def test_cli_synth(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     synth_cmd.register(parser.add_subparsers())
-    args = parser.parse_args(["synth", str(tmp_path / "c"), "--n-source", "40", "--n-target",
-                              "20", "--dim", "50", "--shift", "0.5", "--seed", "7"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "synth",
+            str(tmp_path / "c"),
+            "--n-source",
+            "40",
+            "--n-target",
+            "20",
+            "--dim",
+            "50",
+            "--shift",
+            "0.5",
+            "--seed",
+            "7",
+        ]
+    )
     assert args.func(args) == 0
     assert "fingerprint" in capsys.readouterr().out
     assert FeatureStore.open(tmp_path / "c").shape("target", "conv3") == (20, 50)

@@ -1,0 +1,323 @@
+"""Gram engine: plan (pure), equality with numpy on a real local Ray, failures, kernels."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mmdtl2_dist.commands import gram as gram_cmd
+from mmdtl2_dist.core.kernels import KernelSpec, kernel_from_gram
+from mmdtl2_dist.core.preprocessing import fit_preprocessing
+from mmdtl2_dist.engine import GramStore, compute_gram, feature_blocks, gram_tile_plan
+from mmdtl2_dist.engine.plan import choose_tile_rows, max_tile_rows, row_segments, task_memory_bytes
+from mmdtl2_dist.store import CorruptChunkError, FeatureStore, StoreWriter
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- plan (no Ray) -----
+@settings(deadline=None, max_examples=50)
+@given(n=st.integers(1, 200), t=st.integers(3, 120))
+def test_tiles_cover_the_upper_triangle_once(n, t):
+    cover = np.zeros((n, n), int)
+    for tile in gram_tile_plan(n, t):
+        assert tile.i <= tile.j and tile.a1 - tile.a0 <= t
+        cover[tile.a0 : tile.a1, tile.b0 : tile.b1] += 1
+    assert (cover[np.triu_indices(n)] == 1).all()
+    assert (cover[np.tril_indices(n, -1)] <= 1).all()  # lower part only inside diagonal tiles
+
+
+def test_row_segments_and_feature_blocks():
+    assert row_segments([0, 5, 12], 3, 9) == [(0, 3, 5), (1, 0, 4)]
+    assert row_segments([0, 5, 12], 5, 12) == [(1, 0, 7)]
+    blocks = feature_blocks(64_896, 4056, 2048, 1024)
+    assert blocks[0] == (0, 8112) and blocks[-1][1] == 64_896
+    assert all((c0 % 4056 == 0) for c0, _ in blocks)  # aligned to the store's chunks
+    assert task_memory_bytes(2048, blocks[0][1]) <= 1024 * 2**20
+    # a tight budget narrows the blocks, then refuses with the fix
+    assert feature_blocks(64_896, 4056, 2048, 500) == [
+        (c, min(c + 4056, 64_896)) for c in range(0, 64_896, 4056)
+    ]
+    with pytest.raises(ValueError, match=r"use tile_rows <= \d+"):
+        feature_blocks(64_896, 4056, 8192, 256)
+    fit = max_tile_rows(4056, 256)
+    assert task_memory_bytes(fit, 4056) <= 256 * 2**20 < task_memory_bytes(fit + 8, 4056)
+    assert choose_tile_rows(2000, 256, 4056) == 1024  # two row tiles for two workers
+    assert choose_tile_rows(20_000, 256, 4056) == 2048
+    assert choose_tile_rows(30, 30, 12) == 15
+
+
+# ------------------------------------------------------------------- helpers ---------
+def _store(path, sizes: dict, L: int, chunk_rows: int, seed=0, dtype=np.float32, space="s"):
+    """A store with one array per device in ``space``; returns {device: X}."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    with StoreWriter(path) as w:
+        for d, n in sizes.items():
+            X = (rng.standard_normal((n, L)) * rng.uniform(0.5, 3, L)).astype(dtype)
+            X[rng.random((n, L)) < 0.3] = 0
+            w.create_array(d, space, n, L, dtype=dtype, chunk_rows=chunk_rows).append(X)
+            data[d] = X
+    return data
+
+
+def _numpy_gram(data: dict, method="none"):
+    Z = np.concatenate(
+        [fit_preprocessing(data[d], method).transform(data[d]) for d in sorted(data)]
+    )
+    return Z @ Z.T
+
+
+def _close(G, ref):
+    # Float64 sums of float32 products in another order: relative error ~ L * 1e-16.
+    np.testing.assert_allclose(G, ref, rtol=1e-11, atol=1e-11 * np.abs(ref).max())
+
+
+# ------------------------------------------------------- equality with numpy on Ray --
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    L=st.integers(1, 70),
+    chunk_rows=st.integers(1, 16),
+    tile_rows=st.integers(1, 50),
+    seed=st.integers(0, 10**6),
+)
+def test_engine_gram_equals_numpy(ray_local, sizes, L, chunk_rows, tile_rows, seed):
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _store(
+            Path(tmp, "st"), {f"d{k}": n for k, n in enumerate(sizes)}, L, chunk_rows, seed
+        )
+        gs = compute_gram(Path(tmp, "st"), "s", Path(tmp, "g"), tile_rows=tile_rows, progress=False)
+        ref = _numpy_gram(data)
+        G = gs.to_numpy()
+        _close(G, ref)
+        assert np.array_equal(G, G.T)
+        np.testing.assert_array_equal(gs.sq_norms(), np.diag(G))
+        assert gs.last_run["computed"] == len(gram_tile_plan(sum(sizes), tile_rows))
+
+
+@pytest.mark.parametrize("method", ["none", "l2", "zscore", "l2_zscore"])
+def test_preprocessed_gram_and_stored_statistics(ray_local, tmp_path, method):
+    data = _store(
+        tmp_path / "st", {"cam_b": 37, "cam_a": 50}, 90, chunk_rows=8, seed=5, dtype=np.float64
+    )
+    gs = compute_gram(
+        tmp_path / "st",
+        "s",
+        tmp_path / "g",
+        preprocessing=method,
+        tile_rows=32,
+        max_task_memory_mb=200,
+        progress=False,
+    )
+    _close(gs.to_numpy(), _numpy_gram(data, method))
+    for d in ("cam_a", "cam_b"):
+        ref = fit_preprocessing(data[d], method)
+        got = gs.stats(d)
+        assert got.method == method
+        if ref.mean is not None:
+            np.testing.assert_allclose(got.mean, ref.mean, rtol=1e-12, atol=1e-15)
+            np.testing.assert_allclose(got.scale, ref.scale, rtol=1e-12)
+    # Gram row order: devices sorted, then rows
+    assert list(gs.index["device"][:50]) == ["cam_a"] * 50
+    assert np.array_equal(gs.index["row"][50:], np.arange(37))
+    assert np.array_equal(gs.rows("cam_b", [0, 2]), [50, 52])
+
+
+def test_block_kernels_and_lower_triangle(ray_local, tmp_path):
+    data = _store(tmp_path / "st", {"a": 45, "b": 30}, 33, chunk_rows=8, seed=2)
+    gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=16, progress=False)
+    ref = _numpy_gram(data)
+    ra, rb = np.array([70, 3, 3, 40, 16]), np.array([0, 74, 15, 33])  # mixed tiles, repeats
+    _close(gs.block(ra, rb), ref[np.ix_(ra, rb)])
+    _close(GramStore.open(tmp_path / "g", cache_mb=0).block(rb, ra), ref[np.ix_(rb, ra)])
+    sq = np.diag(ref)
+    for spec in (
+        KernelSpec("linear"),
+        KernelSpec("rbf", gamma=1e-2),
+        KernelSpec("poly", gamma=1e-2, degree=3),
+    ):
+        want = kernel_from_gram(ref[np.ix_(ra, rb)], spec, sq[ra], sq[rb])
+        np.testing.assert_allclose(gs.kernel(ra, rb, spec), want, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="unresolved"):
+        gs.kernel(ra, rb, KernelSpec("rbf"))
+    with pytest.raises(ValueError, match=r"Gram rows must lie in \[0, 75\)"):
+        gs.block([75], [0])
+
+
+def test_deterministic_bits_whatever_the_workers(ray_local, tmp_path):
+    _store(tmp_path / "st", {"a": 60, "b": 25}, 500, chunk_rows=16, seed=9)
+    g1 = compute_gram(
+        tmp_path / "st", "s", tmp_path / "g1", tile_rows=20, max_in_flight=1, progress=False
+    )
+    g2 = compute_gram(tmp_path / "st", "s", tmp_path / "g2", tile_rows=20, progress=False)
+    assert np.array_equal(g1.to_numpy(), g2.to_numpy())
+    h1 = {k: m["blake2b"] for k, m in g1.finished_tiles().items()}
+    assert h1 == {k: m["blake2b"] for k, m in g2.finished_tiles().items()}
+    assert len({m["pid"] for m in g2.finished_tiles().values()}) >= 1
+
+
+def test_killed_worker_does_not_change_the_result(ray_local, tmp_path):
+    _store(tmp_path / "st", {"a": 40, "b": 24}, 300, chunk_rows=8, seed=4)
+    clean = compute_gram(tmp_path / "st", "s", tmp_path / "clean", tile_rows=16, progress=False)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    result = {}
+
+    def run():
+        try:
+            result["gs"] = compute_gram(
+                tmp_path / "st",
+                "s",
+                tmp_path / "g",
+                tile_rows=16,
+                progress=False,
+                _probe={"dir": str(probe), "delay": 1.5},
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            result["error"] = exc
+
+    th = threading.Thread(target=run)
+    th.start()
+    deadline = time.monotonic() + 120
+    while not list(probe.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victim = sorted(probe.iterdir())[0]
+    tile_key, pid = victim.name.rsplit(".", 1)
+    pid = int(pid)
+    assert psutil.Process(pid).pid == pid  # a live Ray worker, busy with a Gram tile
+    os.kill(pid, signal.SIGKILL)
+    th.join(timeout=300)
+    assert not th.is_alive() and "error" not in result, result.get("error")
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    retried = [p for p in probe.iterdir() if p.name.startswith(tile_key + ".")]
+    assert len(retried) >= 2, "the killed tile was retried by another worker"
+    assert np.array_equal(result["gs"].to_numpy(), clean.to_numpy())  # same bits
+
+
+_DRIVER = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {repo!r})
+    from mmdtl2_dist.engine import compute_gram
+    delay = float(sys.argv[1])
+    gs = compute_gram({store!r}, "s", {out!r}, tile_rows=8, num_cpus=1, progress=False,
+                      _probe={{"dir": {probe!r}, "delay": delay}} if delay else None)
+    print(json.dumps(gs.last_run))
+    """
+)
+
+
+def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
+    data = _store(tmp_path / "st", {"a": 30, "b": 18}, 64, chunk_rows=8, seed=1)
+    out, probe = tmp_path / "g", tmp_path / "probe"
+    probe.mkdir()
+    script = tmp_path / "driver.py"
+    script.write_text(
+        _DRIVER.format(repo=str(REPO), store=str(tmp_path / "st"), out=str(out), probe=str(probe))
+    )
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "0.4"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    n_tiles = len(gram_tile_plan(48, 8))  # 21
+    deadline = time.monotonic() + 180
+    tiles = out / "tiles"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if tiles.exists() and len(list(tiles.glob("*.json"))) >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver's own session: driver, raylet, workers
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.communicate()
+    before = {p.stem: json.loads(p.read_text()) for p in tiles.glob("*.json")}
+    assert 4 <= len(before) < n_tiles
+    with pytest.raises(ValueError, match="incomplete"):
+        GramStore.open(out).block([0], [0])
+
+    done = subprocess.run(
+        [sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last["skipped"] >= len(before) and last["computed"] + last["skipped"] == n_tiles
+    after = GramStore.open(out)
+    markers = after.finished_tiles()
+    for key, marker in before.items():  # finished tiles were not recomputed
+        assert markers[key]["attempt"] == marker["attempt"]
+    _close(after.to_numpy(), _numpy_gram(data))
+
+
+def test_corrupt_feature_chunk_is_reported(ray_local, tmp_path):
+    _store(tmp_path / "st", {"a": 32}, 20, chunk_rows=8)
+    chunk = tmp_path / "st" / "features" / "a" / "s" / "c" / "2" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[20] ^= 0x01
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError, match=r"chunk\(s\) \(2, 0\)"):
+        compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=8, progress=False)
+    assert not GramStore.open(tmp_path / "g").complete
+
+
+def test_resume_checks_parameters_and_finished_jobs_return_at_once(ray_local, tmp_path):
+    _store(tmp_path / "st", {"a": 20}, 10, chunk_rows=8)
+    gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=8, progress=False)
+    markers = gs.finished_tiles()
+    again = compute_gram(tmp_path / "st", "s", tmp_path / "g", progress=False)
+    assert again.finished_tiles() == markers
+    with pytest.raises(ValueError, match="other parameters.*preprocessing"):
+        compute_gram(tmp_path / "st", "s", tmp_path / "g", preprocessing="l2", progress=False)
+    with pytest.raises(ValueError, match="tile_rows"):
+        compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=4, progress=False)
+    with pytest.raises(ValueError, match="unknown space"):
+        compute_gram(tmp_path / "st", "nope", tmp_path / "h", progress=False)
+    with pytest.raises(ValueError, match="preprocessing must be one of"):
+        compute_gram(tmp_path / "st", "s", tmp_path / "h", preprocessing="pca", progress=False)
+
+
+def test_cli_gram_with_progress(ray_local, tmp_path, capsys):
+    data = _store(tmp_path / "st", {"a": 20, "b": 12}, 15, chunk_rows=8)
+    parser = argparse.ArgumentParser()
+    gram_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "gram",
+            str(tmp_path / "st"),
+            "--out",
+            str(tmp_path / "g"),
+            "--tile-rows",
+            "8",
+            "--preprocessing",
+            "l2",
+        ]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr()
+    assert "10/10 tiles" in out.err and "computed 10 tiles" in out.out
+    _close(GramStore.open(tmp_path / "g").to_numpy(), _numpy_gram(data, "l2"))
+    assert FeatureStore.open(tmp_path / "st").spaces == ["s"]
