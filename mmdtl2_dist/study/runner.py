@@ -408,8 +408,6 @@ def run_study(
     max_trials : int, optional
         Stop after this many new trials (for tests and benchmarks of interruption).
     """
-    from ray import tune
-
     if not isinstance(spec, StudySpec):
         spec = load_spec(spec)
     t_start = time.perf_counter()
@@ -424,7 +422,6 @@ def run_study(
             )
     out.mkdir(parents=True, exist_ok=True)
     _write_state(spec, {})
-    tune_dir = out / TUNE_DIR
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     ray, owned = _ensure_ray(address, num_cpus)
     try:
@@ -459,51 +456,11 @@ def run_study(
             f"study {spec.name!r}: {len(trials)} trials x {n_units} fits "
             f"({len(plan.pairs)} pairs); output {out}",
         )
-        trainable = _trainable(spec)
         t1 = time.perf_counter()
-        if (resume or tune_dir.exists()) and tune.Tuner.can_restore(str(tune_dir)):
-            _say(progress, f"study: resuming the Tune experiment in {tune_dir}")
-            # The callback (and its sink) come back from the experiment's tuner.pkl.
-            tuner = tune.Tuner.restore(
-                str(tune_dir), trainable=trainable, resume_unfinished=True, restart_errored=True
-            )
-        else:
-            done = (
-                {p.stem for p in (out / "results").glob("*.json")}
-                if (out / "results").exists()
-                else set()
-            )
-            todo = [t for t in trials if t.key not in done]
-            if max_trials is not None:
-                todo = todo[:max_trials]
-            tuner = tune.Tuner(
-                trainable,
-                param_space={
-                    "plan_path": str(plan_path),
-                    "split_tasks": spec.split_tasks,
-                    "trial": tune.grid_search([t.to_dict() for t in todo]),
-                },
-                tune_config=tune.TuneConfig(
-                    reuse_actors=True,
-                    trial_dirname_creator=trial_dirname,
-                    max_concurrent_trials=spec.max_concurrent_trials or None,
-                ),
-                run_config=tune.RunConfig(
-                    name=TUNE_DIR, storage_path=str(out), verbose=0, callbacks=[StudyCallback(sink)]
-                ),
-            )
-        grid = tuner.fit()
+        _run_trials(
+            spec, plan_path, trials, sink, resume=resume, max_trials=max_trials, progress=progress
+        )
         tune_s = time.perf_counter() - t1
-        for r in grid:
-            if r.metrics and "payload" in r.metrics:
-                sink(json.loads(r.metrics["payload"]))
-        errors = [e for e in grid.errors]
-        if errors:
-            raise RuntimeError(
-                f"{len(errors)} trial(s) failed; the first error: {errors[0]}. "
-                "Fix the cause and run `mmdtl2 study resume` on "
-                f"{out}."
-            )
         timing = {
             "gram_s": gram_s,
             "tune_wall_s": tune_s,
@@ -514,6 +471,85 @@ def run_study(
     finally:
         if owned:
             ray.shutdown()
+
+
+def _missing(spec: StudySpec, trials: list) -> list:
+    results = spec.output / "results"
+    return [t for t in trials if not (results / f"{t.key}.json").exists()]
+
+
+def _fit(tuner, sink: _Sink, out: Path) -> None:
+    grid = tuner.fit()
+    for r in grid:  # results the callback missed (e.g. the driver died right after)
+        if r.metrics and "payload" in r.metrics:
+            sink(json.loads(r.metrics["payload"]))
+    errors = list(grid.errors)
+    if errors:
+        raise RuntimeError(
+            f"{len(errors)} trial(s) failed; the first error: {errors[0]}. Fix the cause and "
+            f"run `mmdtl2 study resume {out}`."
+        )
+
+
+def _run_trials(
+    spec: StudySpec,
+    plan_path: Path,
+    trials: list,
+    sink: _Sink,
+    *,
+    resume: bool,
+    max_trials: int | None,
+    progress: bool,
+) -> None:
+    """Restore unfinished Tune experiments of the study, then run trials still missing.
+
+    Each run of the study that had trials to do created an experiment ``tune``,
+    ``tune-1``, ...; restoring one (``Tuner.restore``) keeps its finished trials and runs
+    its unfinished and errored ones again.
+    """
+    from ray import tune
+
+    out = spec.output
+    trainable = _trainable(spec)
+    dirs = sorted(
+        (d for d in out.glob(f"{TUNE_DIR}*") if d.is_dir()), key=lambda d: (len(d.name), d.name)
+    )
+    for d in dirs:
+        if not _missing(spec, trials):
+            break
+        if tune.Tuner.can_restore(str(d)):
+            _say(progress, f"study: resuming the Tune experiment in {d}")
+            # The callback (and its sink) come back from the experiment's tuner.pkl.
+            _fit(
+                tune.Tuner.restore(
+                    str(d), trainable=trainable, resume_unfinished=True, restart_errored=True
+                ),
+                sink,
+                out,
+            )
+    todo = _missing(spec, trials)
+    if max_trials is not None:
+        todo = todo[:max_trials]
+    if not todo:
+        return
+    name = TUNE_DIR if not dirs else f"{TUNE_DIR}-{len(dirs)}"
+    tuner = tune.Tuner(
+        trainable,
+        param_space={
+            "plan_path": str(plan_path),
+            "split_tasks": spec.split_tasks,
+            "trial": tune.grid_search([t.to_dict() for t in todo]),
+        },
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            trial_dirname_creator=trial_dirname,
+            max_concurrent_trials=spec.max_concurrent_trials or None,
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(out), verbose=0, callbacks=[StudyCallback(sink)]
+        ),
+    )
+    _fit(tuner, sink, out)
 
 
 def _code_version() -> str:

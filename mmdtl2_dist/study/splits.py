@@ -188,7 +188,8 @@ def labelled_subset(split: Split, y_target: np.ndarray, n_per_class: int) -> np.
         where = np.flatnonzero(labels == k)
         if where.size < n_per_class:
             raise ValueError(
-                f"split {split.index}: class {k!r} has only {where.size} target training "
+                f"split {split.index}: class {k.tolist()} has only "
+                f"{where.size} target training "
                 f"samples but {n_per_class} per class were requested; lower "
                 "samples_per_class or raise train_fraction."
             )

@@ -1,0 +1,249 @@
+"""Studies end to end on a real local Ray, real Zarr stores and a real SQLite MLflow store.
+
+The tiny store holds two devices in one 20-d space; the methods are the package's own
+Gram-based nearest class mean and skada's CORAL (so these tests do not depend on the
+core solvers' speed).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mmdtl2_dist.store.feature_store import StoreWriter
+from mmdtl2_dist.study.runner import build_plan, report_study, resume_study, run_study
+from mmdtl2_dist.study.spec import SpecError, load_spec, parse_spec
+
+
+def make_store(path, n=(60, 45), dim=20, seed=0, shift=1.0):
+    rng = np.random.default_rng(seed)
+    mu = rng.normal(size=(3, dim)) * 0.8
+    with StoreWriter(path, overwrite=True) as w:
+        for d, (dev, m) in enumerate(zip(("cam_a", "cam_b"), n, strict=True)):
+            y = np.arange(m) % 3 + 1
+            X = mu[y - 1] + rng.normal(size=(m, dim)) + d * shift * rng.normal(size=dim)
+            a = w.create_array(dev, "f", m, dim, dtype=np.float64)
+            a.append(X)
+            a.set_metadata(label=y, group=[f"{dev}-g{i // 3}" for i in range(m)])
+    return path
+
+
+SPEC = """
+[study]
+name = "tiny"
+seed = 1
+[data]
+store = "store.zarr"
+space = "f"
+pairs = [["cam_a", "cam_b"]]
+preprocessing = "l2_zscore"
+[splits]
+protocol = "{protocol}"
+n_splits = 4
+samples_per_class = [1, 3]
+[[methods]]
+label = "NCM"
+method = "ncm"
+[[methods]]
+label = "NCM rbf"
+method = "ncm"
+params = {{ kernel = "rbf" }}
+[[methods]]
+label = "CORAL"
+method = "coral_svm"
+"""
+
+
+def write_spec(tmp_path, protocol="half", extra=""):
+    if not (tmp_path / "store.zarr").exists():
+        make_store(tmp_path / "store.zarr")
+    p = tmp_path / "spec.toml"
+    p.write_text(SPEC.format(protocol=protocol) + textwrap.dedent(extra))
+    return p
+
+
+# -- spec validation (no Ray) -----------------------------------------------------------
+
+
+def _raw(**over):
+    raw = {
+        "study": {"name": "s"},
+        "data": {"builtin": "office_caltech10", "space": "surf800", "pairs": "all"},
+        "splits": {"protocol": "fixed", "samples_per_class": [1, 3]},
+        "methods": [{"method": "mmdtl2", "params": {"kernel": "rbf"}}],
+    }
+    for k, v in over.items():
+        raw[k] = v
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"methods": [{"method": "svm"}]}, "unknown method 'svm'"),
+        ({"methods": [{"method": "mmdtl2", "params": {"c_f": -1}}]}, "c_f must be a positive"),
+        ({"methods": [{"method": "mmdtl2", "params": {"cf": 1}}]}, "no parameter 'cf'"),
+        ({"methods": [{"method": "mmdtl2", "grid": {"c_f": 0.1}}]}, "non-empty list"),
+        ({"methods": [{"method": "mmdtl2", "grid": {"c_f": []}}]}, "non-empty list"),
+        ({"methods": [{"method": "mmdtl2"}, {"method": "mmdtl2"}]}, "used twice"),
+        (
+            {"methods": [{"method": "mmdtl2", "grid": {"c_f": [1]}, "select": {"c_f": [1]}}]},
+            "both swept",
+        ),
+        ({"data": {"store": "/nonexistent.zarr", "space": "f", "pairs": "all"}}, "does not exist"),
+        (
+            {
+                "data": {
+                    "builtin": "office_caltech10",
+                    "source_space": "a",
+                    "target_space": "b",
+                    "pairs": "all",
+                },
+                "methods": [{"method": "source_svm"}],
+            },
+            "need source and target in one feature space",
+        ),
+        ({"splits": {"samples_per_class": [0, 1]}}, "contains 0"),
+        ({"splits": {"samples_per_class": []}}, "non-empty list"),
+        ({"splits": {"protocol": "random", "samples_per_class": [1]}}, "protocol must be"),
+        (
+            {"data": {"builtin": "office_caltech10", "space": "x", "pairs": [["a", "a"]]}},
+            "pairs must be",
+        ),
+        ({"extra": {}}, "unknown key"),
+        ({"study": {"name": "a/b"}}, "name must be"),
+    ],
+)
+def test_spec_errors_name_the_problem(over, match):
+    with pytest.raises(SpecError, match=match):
+        parse_spec(_raw(**over))
+
+
+def test_spec_grid_expands_to_configs_and_trials(tmp_path):
+    raw = _raw(
+        methods=[
+            {
+                "label": "L2",
+                "method": "mmdtl2",
+                "grid": {"c_f": [1e-3, 10.0]},
+                "select": {"c_d": [0.1, 1.0]},
+            },
+            {"method": "target_svm"},
+        ]
+    )
+    spec = parse_spec(raw, output=tmp_path)
+    assert [c.label for c in spec.configs()] == ["L2 [c_f=0.001]", "L2 [c_f=10]", "target_svm"]
+    keys = [t.key for t in spec.trials()]
+    assert len(keys) == 6 and len(set(keys)) == 6
+    assert keys == [t.key for t in parse_spec(raw, output=tmp_path).trials()]
+
+
+def test_bundled_specs_validate():
+    from pathlib import Path
+
+    for p in sorted(Path(__file__).resolve().parents[1].glob("studies/*.toml")):
+        spec = load_spec(p)
+        assert spec.trials()
+
+
+def test_yaml_spec(tmp_path):
+    make_store(tmp_path / "store.zarr")
+    (tmp_path / "s.yaml").write_text(
+        "study: {name: y}\ndata: {store: store.zarr, space: f, pairs: [[cam_a, cam_b]]}\n"
+        "splits: {samples_per_class: [1]}\nmethods: [{method: ncm}]\n"
+    )
+    assert load_spec(tmp_path / "s.yaml").store == (tmp_path / "store.zarr").resolve()
+    (tmp_path / "bad.yaml").write_text("study: [")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(tmp_path / "bad.yaml")
+
+
+# -- end to end -------------------------------------------------------------------------
+
+
+def _table(folder):
+    t = pd.read_csv(folder / "report" / "table.csv")
+    return t.sort_values(["pair", "n_per_class", "label"]).reset_index(drop=True)
+
+
+@pytest.mark.ray
+@pytest.mark.mlflow
+def test_study_runs_reports_and_tracks(tmp_path, ray_local, mlflow_sqlite):
+    spec = load_spec(write_spec(tmp_path), output=tmp_path / "out")
+    rep = run_study(spec, tracking_uri=mlflow_sqlite["tracking_uri"], progress=False)
+    out = tmp_path / "out"
+    for name in ("report.md", "table.csv", "results.csv", "accuracy_vs_n_cam_a_cam_b.png"):
+        assert (out / "report" / name).stat().st_size > 0
+    assert "| n_per_class | NCM | NCM rbf | CORAL |" in rep["summary"]
+    table = _table(out)
+    assert set(table["n_splits"]) == {4} and len(table) == 6
+    assert ((table["mean"] > 40) & (table["mean"] <= 100)).all()
+
+    client = MlflowClient(mlflow_sqlite["tracking_uri"])
+    exp = client.get_experiment_by_name("mmdtl2-tiny")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("mmdtl2_role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mmdtl2_role") == "trial"]
+    assert len(parents) == 1 and len(children) == len(spec.trials()) == 6
+    c = children[0]
+    assert c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+    assert {"split_seed", "data_fingerprint", "code_version"} <= set(c.data.tags)
+    assert "accuracy" in c.data.metrics and "accuracy_class/1" in c.data.metrics
+    arts = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report")}
+    assert "report/report.md" in arts and "report/accuracy_vs_n_cam_a_cam_b.png" in arts
+
+    # The plan: splits are disjoint; the Gram was computed once and is reused.
+    plan = json.loads((out / "study.json").read_text())
+    assert plan["spec_fingerprint"] == spec.fingerprint()
+    # Running again does nothing new: same report, still one run per trial.
+    run_study(spec, tracking_uri=mlflow_sqlite["tracking_uri"], progress=False)
+    pd.testing.assert_frame_equal(_table(out), table)
+    runs = client.search_runs([exp.experiment_id])
+    assert len([r for r in runs if r.data.tags.get("mmdtl2_role") == "trial"]) == 6
+
+    # Interrupted after 2 trials, then resumed: the same report, one run per trial.
+    spec2 = load_spec(write_spec(tmp_path), output=tmp_path / "out2")
+    uri2 = f"sqlite:///{tmp_path / 'out2.db'}"
+    run_study(spec2, tracking_uri=uri2, progress=False, max_trials=2)
+    assert len(list((tmp_path / "out2" / "results").glob("*.json"))) == 2
+    part = report_study(tmp_path / "out2", tracking_uri=uri2, progress=False)
+    assert len(part["missing"]) == 4
+    resume_study(tmp_path / "out2", tracking_uri=uri2, progress=False)
+    pd.testing.assert_frame_equal(_table(tmp_path / "out2"), table)
+    c2 = MlflowClient(uri2)
+    runs2 = c2.search_runs([c2.get_experiment_by_name("mmdtl2-tiny").experiment_id])
+    keys = [
+        r.data.tags["mmdtl2_trial_key"] for r in runs2 if r.data.tags.get("mmdtl2_role") == "trial"
+    ]
+    assert sorted(keys) == sorted(t.key for t in spec.trials())
+
+
+@pytest.mark.ray
+def test_group_protocol_plan_and_errors(tmp_path, ray_local):
+    from mmdtl2_dist.study.runner import compute_grams, prepare_data
+
+    spec = load_spec(write_spec(tmp_path, protocol="group"), output=tmp_path / "g")
+    store, split_file = prepare_data(spec)
+    grams = compute_grams(spec, store, address=None, progress=False)
+    plan = build_plan(spec, store, split_file, grams)
+    from mmdtl2_dist.store.feature_store import FeatureStore
+
+    meta = FeatureStore.open(store).metadata
+    g = meta[meta.device == "cam_b"].sort_values("row")["group"].to_numpy()
+    for sp in plan.pairs[0].splits:
+        assert not set(g[sp.target_pool]) & set(g[sp.target_test])
+    # Too many labelled samples per class for the training half: a clear error.
+    raw = dict(spec.raw, splits={**spec.raw["splits"], "samples_per_class": [1, 30]})
+    big = parse_spec(raw, spec.path, output=tmp_path / "g")
+    with pytest.raises(
+        ValueError, match="class 1 has only 7 target training samples but 30 per class"
+    ):
+        build_plan(big, store, split_file, grams)
+    raw = dict(spec.raw, data={**spec.raw["data"], "pairs": [["cam_a", "cam_z"]]})
+    with pytest.raises(ValueError, match="cam_z"):
+        build_plan(parse_spec(raw, spec.path, output=tmp_path / "g"), store, split_file, grams)
