@@ -89,6 +89,7 @@ def _close(G, ref):
 
 
 # ------------------------------------------------------- equality with numpy on Ray --
+@pytest.mark.ray
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     sizes=st.lists(st.integers(1, 40), min_size=1, max_size=3),
@@ -111,6 +112,7 @@ def test_engine_gram_equals_numpy(ray_local, sizes, L, chunk_rows, tile_rows, se
         assert gs.last_run["computed"] == len(gram_tile_plan(sum(sizes), tile_rows))
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("method", ["none", "l2", "zscore", "l2_zscore"])
 def test_preprocessed_gram_and_stored_statistics(ray_local, tmp_path, method):
     data = _store(
@@ -139,6 +141,7 @@ def test_preprocessed_gram_and_stored_statistics(ray_local, tmp_path, method):
     assert np.array_equal(gs.rows("cam_b", [0, 2]), [50, 52])
 
 
+@pytest.mark.ray
 def test_block_kernels_and_lower_triangle(ray_local, tmp_path):
     data = _store(tmp_path / "st", {"a": 45, "b": 30}, 33, chunk_rows=8, seed=2)
     gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=16, progress=False)
@@ -160,6 +163,7 @@ def test_block_kernels_and_lower_triangle(ray_local, tmp_path):
         gs.block([75], [0])
 
 
+@pytest.mark.ray
 def test_deterministic_bits_whatever_the_workers(ray_local, tmp_path):
     _store(tmp_path / "st", {"a": 60, "b": 25}, 500, chunk_rows=16, seed=9)
     g1 = compute_gram(
@@ -172,6 +176,7 @@ def test_deterministic_bits_whatever_the_workers(ray_local, tmp_path):
     assert len({m["pid"] for m in g2.finished_tiles().values()}) >= 1
 
 
+@pytest.mark.ray
 def test_killed_worker_does_not_change_the_result(ray_local, tmp_path):
     _store(tmp_path / "st", {"a": 40, "b": 24}, 300, chunk_rows=8, seed=4)
     clean = compute_gram(tmp_path / "st", "s", tmp_path / "clean", tile_rows=16, progress=False)
@@ -223,6 +228,7 @@ _DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.ray
 def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
     data = _store(tmp_path / "st", {"a": 30, "b": 18}, 64, chunk_rows=8, seed=1)
     out, probe = tmp_path / "g", tmp_path / "probe"
@@ -273,6 +279,7 @@ def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
     _close(after.to_numpy(), _numpy_gram(data))
 
 
+@pytest.mark.ray
 def test_corrupt_feature_chunk_is_reported(ray_local, tmp_path):
     _store(tmp_path / "st", {"a": 32}, 20, chunk_rows=8)
     chunk = tmp_path / "st" / "features" / "a" / "s" / "c" / "2" / "0"
@@ -284,6 +291,7 @@ def test_corrupt_feature_chunk_is_reported(ray_local, tmp_path):
     assert not GramStore.open(tmp_path / "g").complete
 
 
+@pytest.mark.ray
 def test_resume_checks_parameters_and_finished_jobs_return_at_once(ray_local, tmp_path):
     _store(tmp_path / "st", {"a": 20}, 10, chunk_rows=8)
     gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=8, progress=False)
@@ -300,6 +308,7 @@ def test_resume_checks_parameters_and_finished_jobs_return_at_once(ray_local, tm
         compute_gram(tmp_path / "st", "s", tmp_path / "h", preprocessing="pca", progress=False)
 
 
+@pytest.mark.ray
 def test_cli_gram_with_progress(ray_local, tmp_path, capsys):
     data = _store(tmp_path / "st", {"a": 20, "b": 12}, 15, chunk_rows=8)
     parser = argparse.ArgumentParser()
