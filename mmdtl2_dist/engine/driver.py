@@ -110,12 +110,15 @@ class _Progress:
         self.label, self.total, self.skipped = label, total, skipped
         self.flops_per_tile, self.enabled = flops_per_tile, enabled
         self.t0 = self.last = time.monotonic()
+        self.last_done = 0
 
     def update(self, done: int, force: bool = False) -> None:
         now = time.monotonic()
-        if not self.enabled or (not force and now - self.last < 2.0):
+        # A line when a tile finished (at most every 2 s), else a heartbeat every 30 s.
+        quiet = 2.0 if done != self.last_done else 30.0
+        if not self.enabled or (not force and now - self.last < quiet):
             return
-        self.last = now
+        self.last, self.last_done = now, done
         elapsed = now - self.t0
         todo = self.total - self.skipped
         rate = done / elapsed if elapsed > 0 else 0.0

@@ -5,6 +5,8 @@ Supported inputs (rows = samples):
 - ``.npy``: one 2-D array (memory-mapped, streamed). Metadata from a side table.
 - ``.npz`` and ``.mat`` (MATLAB v5 via scipy, v7.3 / HDF5 via h5py): a 2-D features
   variable plus optional per-sample variables for labels, class names, groups and ids.
+  v7.3 files are streamed; ``.npz`` members and v5 files are read whole (their formats
+  cannot be read in parts), so convert very large ones to ``.npy`` or v7.3 first.
   v7.3 variables are stored column-major; they are transposed back so that a MATLAB
   ``n x L`` matrix gives ``n`` samples (use ``transpose=True`` for ``L x n`` data).
 - ``.csv`` and ``.parquet``: one row per sample; the metadata columns (``label``,
