@@ -171,6 +171,7 @@ def _table(folder):
     return t.sort_values(["pair", "n_per_class", "label"]).reset_index(drop=True)
 
 
+@pytest.mark.slow  # about 45-90 s on 2 busy cores
 @pytest.mark.ray
 @pytest.mark.mlflow
 def test_study_runs_reports_and_tracks(tmp_path, ray_local, mlflow_sqlite):
@@ -247,3 +248,74 @@ def test_group_protocol_plan_and_errors(tmp_path, ray_local):
     raw = dict(spec.raw, data={**spec.raw["data"], "pairs": [["cam_a", "cam_z"]]})
     with pytest.raises(ValueError, match="cam_z"):
         build_plan(parse_spec(raw, spec.path, output=tmp_path / "g"), store, split_file, grams)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.mlflow
+def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
+    """`mmdtl2 study run` interrupted (Ctrl-C) mid-way, then `study resume`: the same
+    report as an uninterrupted run and one MLflow run per trial."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = write_spec(
+        tmp_path,
+        extra="""
+        [[methods]]
+        label = "SA"
+        method = "sa_svm"
+        params = { n_components = 5 }
+        """,
+    )
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_USAGE_STATS_ENABLED": "0"}
+    cli = [sys.executable, "-m", "mmdtl2_dist.cli", "study"]
+
+    def run(*args, **kw):
+        return subprocess.run(
+            cli + list(args), env=env, capture_output=True, text=True, timeout=300, **kw
+        )
+
+    full = run("run", str(spec), "--output", str(tmp_path / "full"), "--num-cpus", "2")
+    assert full.returncode == 0, full.stderr[-2000:]
+    assert "| n_per_class | NCM | NCM rbf | CORAL | SA |" in full.stdout
+
+    part = tmp_path / "part"
+    proc = subprocess.Popen(
+        cli + ["run", str(spec), "--output", str(part), "--num-cpus", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (
+            len(list((part / "results").glob("*.json"))) >= 2
+            if (part / "results").exists()
+            else False
+        ):
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    n_done = len(list((part / "results").glob("*.json")))
+    assert n_done < 8, "the study finished before it could be interrupted"
+    res = run("resume", str(part), "--num-cpus", "2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    pd.testing.assert_frame_equal(_table(part), _table(tmp_path / "full"))
+    client = MlflowClient(f"sqlite:///{part / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("mmdtl2-tiny").experiment_id])
+    keys = [
+        r.data.tags["mmdtl2_trial_key"] for r in runs if r.data.tags.get("mmdtl2_role") == "trial"
+    ]
+    assert len(keys) == len(set(keys)) == 8
