@@ -2,10 +2,10 @@
 
     mmdtl2 submit --address http://HEAD_IP:8265 --working-dir . -- \
         python jobs/gram.py /mnt/shared/mmdtl2/study.zarr --space conv3 \
-        --out /mnt/shared/mmdtl2/grams/conv3
+        --out /mnt/shared/mmdtl2/grams/conv3 --address auto
 
-Arguments are those of ``mmdtl2 gram``; ``--address auto`` (the job's own cluster) comes
-first so that an explicit ``--address`` given after it wins.
+Arguments are those of ``mmdtl2 gram``; ``--address auto`` makes it use the job's
+cluster (without it, ``mmdtl2 gram`` starts a Ray of its own inside the job).
 """
 
 import sys
@@ -13,4 +13,4 @@ import sys
 from mmdtl2_dist.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["gram", "--address", "auto", *sys.argv[1:]]))
+    sys.exit(main(["gram", *sys.argv[1:]]))

@@ -86,30 +86,38 @@ class LoopbackNode:
                 continue
         return mine
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        """Stop this node's processes: ``sig`` first, SIGKILL for what survives ``timeout``."""
+    def processes(self) -> list[psutil.Process]:
+        """:meth:`pids` as ``psutil.Process`` objects (those still alive)."""
         procs = []
         for pid in self.pids():
             try:
                 procs.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-        for p in procs:
-            try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=timeout)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        return procs
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        """Stop this node's processes: ``sig`` first, SIGKILL for what survives ``timeout``."""
+        _terminate(self.processes(), sig, timeout)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _terminate(procs: list[psutil.Process], sig: int, timeout: float) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 @dataclass
@@ -229,19 +237,36 @@ class LoopbackCluster:
         """The node called ``name`` (``"head"``, ``"worker1"``, ...)."""
         return next(n for n in self.nodes if n.name == name)
 
+    def api(self, path: str, timeout: float = 10.0) -> dict:
+        """GET a JSON endpoint of the dashboard (``/api/v0/nodes``, ``/api/v0/tasks``, ...)."""
+        request = urllib.request.Request(
+            f"{self.dashboard_url}{path}", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.load(response)
+
     def alive_nodes(self) -> int:
         """Number of nodes the cluster reports alive (0 while the dashboard is down)."""
-        request = urllib.request.Request(
-            f"{self.dashboard_url}/api/v0/nodes?limit=100",
-            headers={"Authorization": f"Bearer {self.token}"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                payload = json.load(response)
+            payload = self.api("/api/v0/nodes?limit=100", timeout=5)
         except (OSError, ValueError):
             return 0
         rows = payload.get("data", {}).get("result", {}).get("result", [])
         return sum(1 for row in rows if row.get("state") == "ALIVE")
+
+    def node_ids(self) -> dict[str, str]:
+        """Ray node id of each node ever started, by name (dead ones included).
+
+        The head is the node Ray marks as head; workers are matched by start order
+        (:meth:`add_worker` waits for each one before starting the next).
+        """
+        rows = self.api("/api/v0/nodes?limit=100&detail=1")["data"]["result"]["result"]
+        heads = [r["node_id"] for r in rows if r.get("is_head_node")]
+        others = sorted(
+            (r for r in rows if not r.get("is_head_node")), key=lambda r: r["start_time_ms"]
+        )
+        names = [n.name for n in self.nodes if n.name != "head"]
+        return {"head": heads[0], **{n: r["node_id"] for n, r in zip(names, others, strict=False)}}
 
     def _wait(self, n_nodes: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -261,9 +286,13 @@ class LoopbackCluster:
         )
 
     def stop(self, keep_logs: bool = False) -> None:
-        """Stop every node (workers first) and remove the temporary directory."""
-        for node in reversed(self.nodes):
-            node.stop()
+        """Stop every node at once and remove the temporary directory."""
+        _terminate([p for node in self.nodes for p in node.processes()], signal.SIGTERM, 10.0)
+        for node in self.nodes:
+            try:
+                node.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         if not keep_logs:
             shutil.rmtree(self.root, ignore_errors=True)
 

@@ -109,19 +109,21 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-# Ray logs every file it leaves out of an upload, and each closed log stream, at INFO.
-_QUIET_LOGGERS = (
-    "ray._private.runtime_env.packaging",
-    "ray.dashboard.modules.dashboard_sdk",
-    "ray.dashboard.modules.job.sdk",
-)
+# Ray logs every file it leaves out of an upload and each closed log stream (INFO), and
+# warns that it leaves out .git and .venv, which DEFAULT_EXCLUDES leaves out anyway.
+_QUIET_LOGGERS = {
+    "ray._private.runtime_env.packaging": logging.WARNING,
+    "ray._private.runtime_env.working_dir": logging.ERROR,
+    "ray.dashboard.modules.dashboard_sdk": logging.WARNING,
+    "ray.dashboard.modules.job.sdk": logging.WARNING,
+}
 
 
 def run(args: argparse.Namespace) -> int:
     from mmdtl2_dist.cluster import submit as sub
 
-    for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    for name, level in _QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
 
     entrypoint = list(args.entrypoint)
     if entrypoint[:1] == ["--"]:
