@@ -28,10 +28,9 @@ import pytest
 
 from mmdtl2_dist.cluster.loopback import LoopbackCluster, free_ports, head_command, worker_command
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "run_on_a_cluster.md"
+CLUSTER_README = ROOT / "cluster" / "README.md"
 MMDTL2 = shlex.split(os.environ.get("MMDTL2_CLI", f"{sys.executable} -m mmdtl2_dist.cli"))
 JOB_TIMEOUT = 300  # seconds; a job here takes 10-60 s on a busy 2-core machine
 
@@ -66,14 +65,14 @@ STOP = "mmdtl2 submit --address {address} --stop {job_id}"
 # --- the documentation's commands ----------------------------------------------------
 
 
-def doc_blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), flags=re.S)
+def doc_blocks(lang: str, doc: Path = DOC) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", doc.read_text(), flags=re.S)
 
 
-def doc_commands() -> set[str]:
-    """Each shell command of the documentation on one line, comments removed."""
+def doc_commands(doc: Path) -> set[str]:
+    """Each shell command of a document on one line, comments removed."""
     commands = set()
-    for block in doc_blocks("bash"):
+    for block in doc_blocks("bash", doc):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()
             if line:
@@ -81,8 +80,9 @@ def doc_commands() -> set[str]:
     return commands
 
 
-def test_documented_commands_are_the_tested_ones():
-    documented = doc_commands()
+@pytest.mark.parametrize("doc", [DOC, CLUSTER_README], ids=lambda p: p.name)
+def test_documented_commands_are_the_tested_ones(doc):
+    documented = doc_commands(doc)
     expected = [
         shlex.join(head_command(6379, 8265, 8)),
         shlex.join(worker_command("HEAD_IP:6379", 8)),
@@ -91,8 +91,8 @@ def test_documented_commands_are_the_tested_ones():
         "export RAY_AUTH_MODE=token",
     ]
     missing = [c for c in expected if c not in documented]
-    assert not missing, f"not in {DOC.name} (or changed there): {missing}"
-    assert len(doc_blocks("toml")) == 1
+    assert not missing, f"not in {doc} (or changed there): {missing}"
+    assert len(doc_blocks("toml")) == 1  # the study spec the test runs
 
 
 def run(template: str, values: dict, env: dict, timeout: float = JOB_TIMEOUT, **kw):
@@ -193,6 +193,9 @@ def trials_by_node(cluster: LoopbackCluster) -> dict[str, int]:
 # --- tests ---------------------------------------------------------------------------
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.mlflow
 def test_study_on_two_nodes_reports_and_logs_to_mlflow(cluster, shared, store, mlflow_server):
     from mlflow.tracking import MlflowClient
 
@@ -225,6 +228,8 @@ def test_study_on_two_nodes_reports_and_logs_to_mlflow(cluster, shared, store, m
     assert cluster.alive_nodes() == 2
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_no_wait_follow_and_stop(cluster, shared, store):
     env = cluster.client_env()
     v = values(cluster, shared)
@@ -255,6 +260,8 @@ def test_no_wait_follow_and_stop(cluster, shared, store):
     assert run(FOLLOW, {**v, "job_id": job_id}, env).returncode == 3
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_failed_job_and_missing_token(cluster, shared, tmp_path):
     env = cluster.client_env()
     v = values(cluster, shared)
@@ -279,6 +286,8 @@ print("GRAM DONE", gs.last_run if hasattr(gs, "last_run") else "")
 """
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_worker_node_lost_during_gram_loses_nothing(store, tmp_path):
     """SIGKILL every process of the worker node while it computes a tile: the job still
     succeeds, the lost tiles run again on the head, and the Gram is exact."""
