@@ -1,0 +1,245 @@
+"""Every method of the paper's comparison, as a function of Gram blocks only.
+
+This is the trial-level API of the study runner: a trial slices the cached Grams of its
+feature spaces into a :class:`GramProblem` and calls :func:`fit_predict`. Nothing here
+reads features.
+
+Methods (parameter defaults in :data:`DEFAULTS`):
+
+- ``source_svm``: one-vs-rest linear SVM on source and labelled target samples together
+  (same feature space only; the paper's "source SVM").
+- ``target_svm``: the same on the labelled target samples only.
+- ``mmdt``: MMDT in the paper's form (Problem 2): MMDTL2 with ``c_f = 1``, ``c_d = 0`` and
+  Hoffman et al.'s weights ``c_s = 0.05``, ``c_t = 1``.
+- ``mmdt_hoffman``: MMDT as in Hoffman et al.'s reference code (DESIGN.md §5), see
+  :mod:`mmdtl2_dist.core.mmdt_hoffman`.
+- ``mmdtl2``: MMDTL2 (linear, RBF or polynomial target kernel; prior ``zero`` (the paper)
+  or ``identity`` with a weight, issue 8).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmdtl2_dist.core.kernels import KernelSpec
+from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram, one_vs_rest, svm_step
+
+METHODS = ("source_svm", "target_svm", "mmdt", "mmdt_hoffman", "mmdtl2")
+
+_MMDTL2_KEYS = ("c_f", "c_d", "c_t", "c_s", "max_iter", "tol", "qp_solver", "qp_tol")
+DEFAULTS: dict[str, dict] = {
+    "source_svm": {"c_s": 1.0, "c_t": 1.0, "qp_solver": "pdas", "qp_tol": 1e-8},
+    "target_svm": {"c_t": 1.0, "qp_solver": "pdas", "qp_tol": 1e-8},
+    "mmdt": {
+        "c_f": 1.0, "c_d": 0.0, "c_t": 1.0, "c_s": 0.05, "max_iter": 20, "tol": 1e-5,
+        "qp_solver": "pdas", "qp_tol": 1e-8,
+    },
+    "mmdt_hoffman": {"c_s": 0.05, "c_t": 1.0, "gamma": 1e-4, "n_iter": 2, "pca_dim": 20},
+    "mmdtl2": {
+        "c_f": 0.1, "c_d": 0.1, "c_t": 0.1, "c_s": 0.1, "max_iter": 20, "tol": 1e-5,
+        "qp_solver": "pdas", "qp_tol": 1e-8, "kernel": "linear", "gamma": None, "degree": 2,
+        "coef0": 1.0, "prior": "zero", "prior_weight": 1.0, "init": "source",
+    },
+}  # fmt: skip
+NEEDS_SHARED_SPACE = {"source_svm"}
+
+
+def default_params(method: str) -> dict:
+    """A copy of the default parameters of ``method``."""
+    _check_method(method)
+    return dict(DEFAULTS[method])
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}.")
+
+
+@dataclass
+class GramProblem:
+    """One train/test split of one source/target pair, as Gram blocks.
+
+    All blocks are *linear* Grams of preprocessed features.
+
+    Attributes
+    ----------
+    ys, yt : ndarray (N,), (M,)
+        Labels of the source training and labelled target training samples.
+    Kss : ndarray (N, N)
+        Source × source (source space).
+    Ktt : ndarray (M, M)
+        Target train × target train (target space).
+    Ktq : ndarray (M, Q)
+        Target train × target test (target space).
+    sq_q : ndarray (Q,)
+        Squared norms of the test samples (target space), for RBF.
+    Kst, Ksq : ndarray (N, M), (N, Q) or None
+        Source × target train / test, only when both live in one feature space
+        (``source_svm``, ``mmdt_hoffman`` and the identity prior need them).
+    """
+
+    ys: np.ndarray
+    yt: np.ndarray
+    Kss: np.ndarray
+    Ktt: np.ndarray
+    Ktq: np.ndarray
+    sq_q: np.ndarray
+    Kst: np.ndarray | None = None
+    Ksq: np.ndarray | None = None
+    Kqq: np.ndarray | None = None
+
+    @property
+    def shared_space(self) -> bool:
+        return self.Kst is not None and self.Ksq is not None
+
+    def validate(self) -> None:
+        """Check shapes and finiteness; raise ValueError naming the fix."""
+        N, M, Q = len(self.ys), len(self.yt), self.Ktq.shape[1] if self.Ktq.ndim == 2 else -1
+        expect = {"Kss": (N, N), "Ktt": (M, M), "Ktq": (M, Q)}
+        if self.Kst is not None:
+            expect["Kst"] = (N, M)
+        if self.Ksq is not None:
+            expect["Ksq"] = (N, Q)
+        for name, shape in expect.items():
+            arr = getattr(self, name)
+            if arr.shape != shape:
+                raise ValueError(f"GramProblem.{name} has shape {arr.shape}, expected {shape}.")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"GramProblem.{name} contains NaN or Inf; recompute the Gram.")
+        if self.sq_q.shape != (Q,):
+            raise ValueError(f"GramProblem.sq_q has shape {self.sq_q.shape}, expected ({Q},).")
+
+
+@dataclass
+class MethodResult:
+    """Predictions of one method on the test samples of a :class:`GramProblem`."""
+
+    y_pred: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    info: dict = field(default_factory=dict)
+
+
+def _merge(method: str, params: Mapping | None) -> dict:
+    p = default_params(method)
+    unknown = set(params or {}) - set(p)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {sorted(unknown)} for method {method!r}; "
+            f"valid ones are {sorted(p)}."
+        )
+    p.update(params or {})
+    return p
+
+
+def _encode(ys, yt, classes=None):
+    classes = np.unique(np.r_[ys, yt]) if classes is None else classes
+    return classes, np.searchsorted(classes, ys), np.searchsorted(classes, yt)
+
+
+def _svm_predict(Kv, y_enc, K, cost, Kq, p):
+    Y = one_vs_rest(y_enc, K)
+    res = svm_step(Kv, Y, cost, solver=p["qp_solver"], tol=p["qp_tol"])
+    scores = Kq.T @ res.coef + res.b
+    info = {
+        "qp_status": [q.status for q in res.qps],
+        "qp_kkt_residual": [q.kkt_residual for q in res.qps],
+    }
+    return scores, info
+
+
+def kernel_blocks(p: Mapping, prob: GramProblem):
+    """Target kernel matrices ``Kt`` (M, M) and ``Kt_new`` (M, Q) for the method's kernel."""
+    spec = KernelSpec(p["kernel"], p["gamma"], p["degree"], p["coef0"]).resolve(prob.Ktt)
+    sq_t = np.diag(prob.Ktt)
+    return spec, spec(prob.Ktt, sq_t, sq_t), spec(prob.Ktq, sq_t, prob.sq_q)
+
+
+def prior_blocks(p: Mapping, prob: GramProblem):
+    """``Kz`` (N+M, N+M) and ``Kz_new`` (N+M, Q) for the prior of ``p``.
+
+    ``zero``: ``U = 0``. ``identity``: ``U = μ Xt`` (needs one shared feature space).
+    """
+    N, M = len(prob.ys), len(prob.yt)
+    Kz = np.zeros((N + M, N + M))
+    Kz[:N, :N] = prob.Kss
+    if p["prior"] == "zero":
+        return Kz, None
+    if p["prior"] != "identity":
+        raise ValueError(f"prior must be 'zero' or 'identity', got {p['prior']!r}.")
+    if not prob.shared_space:
+        raise ValueError(
+            "the identity prior needs source and target in one feature space (Kst, Ksq); "
+            "use prior='zero' for different spaces, or a user-supplied map in the estimator."
+        )
+    mu = float(p["prior_weight"])
+    Kz[:N, N:] = mu * prob.Kst
+    Kz[N:, :N] = mu * prob.Kst.T
+    Kz[N:, N:] = mu * mu * prob.Ktt
+    Kz_new = np.vstack([mu * prob.Ksq, mu * mu * prob.Ktq])
+    return Kz, Kz_new
+
+
+def fit_predict(method: str, params: Mapping | None, prob: GramProblem) -> MethodResult:
+    """Fit ``method`` on the training blocks of ``prob`` and score its test samples.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`METHODS`.
+    params : mapping
+        Parameters overriding :data:`DEFAULTS` of the method.
+    prob : GramProblem
+        The split.
+
+    Returns
+    -------
+    MethodResult
+        ``scores`` (Q, K) for ``classes`` (sorted union of the training labels), the
+        predicted labels and an ``info`` dict (objective per alternation, QP statuses and
+        KKT residuals, timings).
+    """
+    _check_method(method)
+    p = _merge(method, params)
+    prob.validate()
+    t0 = time.perf_counter()
+    if method in NEEDS_SHARED_SPACE and not prob.shared_space:
+        raise ValueError(
+            f"{method} needs source and target in one feature space (Kst and Ksq); "
+            "drop it for pairs with different feature spaces, as the paper does."
+        )
+    if len(prob.yt) == 0 and method != "source_svm":
+        raise ValueError(f"{method} needs labelled target samples; got none.")
+    if method == "target_svm":
+        classes, _, yt = _encode(prob.yt, prob.yt)
+        cost = np.full(len(yt), p["c_t"])
+        scores, info = _svm_predict(prob.Ktt, yt, len(classes), cost, prob.Ktq, p)
+    elif method == "source_svm":
+        classes, ys, yt = _encode(prob.ys, prob.yt)
+        Kv = np.block([[prob.Kss, prob.Kst], [prob.Kst.T, prob.Ktt]])
+        Kq = np.vstack([prob.Ksq, prob.Ktq])
+        cost = np.r_[np.full(len(ys), p["c_s"]), np.full(len(yt), p["c_t"])]
+        scores, info = _svm_predict(Kv, np.r_[ys, yt], len(classes), cost, Kq, p)
+    elif method == "mmdt_hoffman":
+        from mmdtl2_dist.core.mmdt_hoffman import fit_predict_mmdt_hoffman
+
+        classes, scores, info = fit_predict_mmdt_hoffman(p, prob)
+    else:
+        if method == "mmdt":
+            p.update(kernel="linear", gamma=None, degree=2, coef0=1.0, prior="zero")
+            p.update(prior_weight=1.0, init="source")
+        classes, ys, yt = _encode(prob.ys, prob.yt)
+        mp = MMDTL2Params(**{k: p[k] for k in _MMDTL2_KEYS})
+        spec, Kt, Kt_new = kernel_blocks(p, prob)
+        Kz, Kz_new = prior_blocks(p, prob)
+        fit = fit_mmdtl2_gram(Kz, Kt, ys, yt, len(classes), mp, init=p["init"])
+        scores = fit.decision_function(Kt_new, Kz_new)
+        info = dict(fit.info)
+        info["objective"] = fit.objective
+        info["kernel"] = spec.to_dict()
+    info["time_total_s"] = time.perf_counter() - t0
+    return MethodResult(classes[np.argmax(scores, axis=1)], scores, classes, info)
