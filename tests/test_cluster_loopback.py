@@ -259,6 +259,17 @@ def test_no_wait_follow_and_stop(cluster, shared, store):
     assert stopped.returncode == 0 and "STOPPED" in stopped.stderr, stopped.stderr
     assert run(FOLLOW, {**v, "job_id": job_id}, env).returncode == 3
 
+    # Ctrl-C while following a job stops the job (exit status 130).
+    argv = [*MMDTL2, *shlex.split(template.format(**v).replace(" --no-wait", ""))[1:]]
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    while line and "submitted job" not in line:
+        line = proc.stderr.readline()
+    job_id = line.split()[2]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and f"job {job_id}: STOPPED" in err, err
+
 
 @pytest.mark.ray
 @pytest.mark.slow
