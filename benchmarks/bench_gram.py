@@ -191,13 +191,15 @@ def cost_model(result: dict) -> dict:
         flops = float(N) * N * L
         read_bytes = tiles * 2 * T * L * 4
         for W in (16, 64, 256):
-            seconds = flops / (W * rate) + read_bytes / (W * io_rate)
+            busy = min(W, tiles)  # a tile is the unit of parallelism
+            seconds = flops / (busy * rate) + read_bytes / (busy * io_rate)
             proj[f"n={N},workers={W}"] = {
                 "hours": seconds / 3600,
                 "core_hours": seconds * W / 3600,
             }
     return {
-        "formula": "t = n^2 L / (W r) + n_tiles 2 T L b / (W s)",
+        "formula": "t = n^2 L / (W' r) + n_tiles 2 T L b / (W' s), W' = min(W, n_tiles)",
+        "tile_rows": 2048,
         "r_flops_per_worker": rate,
         "s_read_bytes_per_worker": io_rate,
         "measured_1_worker_seconds": t1,
