@@ -15,6 +15,9 @@ import sys
 COMMAND_MODULES = [
     "mmdtl2_dist.commands.office",
     "mmdtl2_dist.commands.submit",
+    "mmdtl2_dist.commands.ingest",
+    "mmdtl2_dist.commands.synth",
+    "mmdtl2_dist.commands.gram",
 ]
 
 
