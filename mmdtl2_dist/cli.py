@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "mmdtl2_dist.commands.ingest",
     "mmdtl2_dist.commands.synth",
     "mmdtl2_dist.commands.gram",
+    "mmdtl2_dist.commands.study",
 ]
 
 

@@ -107,7 +107,7 @@ def _check_problem(H, f, lb, ub):
     return H, f, lb, ub
 
 
-def _pdas(H, f, lb, ub, x0, tol, max_iter):
+def _pdas(H, f, lb, ub, x0, tol, max_iter, rho_rel=1e-6):
     """Primal-dual active-set method with proximal refinement; returns (x, iters, ok)."""
     n = f.shape[0]
     diag = np.diag(H)
@@ -117,10 +117,10 @@ def _pdas(H, f, lb, ub, x0, tol, max_iter):
     c = 1.0 / scale
     # A relative ridge keeps the free block positive definite when H is singular; the
     # proximal iterations below remove its bias (x_{k+1} = argmin q(x) + rho/2 |x - x_k|^2).
-    rho = 1e-10 * scale
+    rho = rho_rel * scale
     x = np.clip(np.zeros(n) if x0 is None else np.asarray(x0, dtype=np.float64), lb, ub)
     total = 0
-    for _prox in range(8):
+    for _prox in range(60):
         anchor = x.copy()
         ff = f + rho * anchor
         lam = H @ x + rho * x - ff
@@ -159,7 +159,7 @@ def _pdas(H, f, lb, ub, x0, tol, max_iter):
             break
         if kkt_residual(H, f, x, lb, ub) <= 0.1 * tol:
             break
-    return x, total, True
+    return x, total, kkt_residual(H, f, x, lb, ub) <= tol
 
 
 def _projected_newton(H, f, lb, ub, x0, tol, max_iter):
@@ -324,7 +324,14 @@ def solve_box_qp(
     status = "solved"
     y = None
     if solver == "pdas":
-        y, iters, ok = _pdas(Hs, fs, lbs, ubs, y0, tol, max_iter or 100)
+        # A larger proximal weight makes the active-set iteration more stable on
+        # singular Hessians (SVM-steps whose transformed targets lie in the span of the
+        # source samples), at the price of more proximal refinements.
+        for rho_rel in (1e-6, 1e-3, 1e-1):
+            y, it1, ok = _pdas(Hs, fs, lbs, ubs, y0, tol, max_iter or 100, rho_rel)
+            iters += it1
+            if ok:
+                break
         if not ok or kkt_residual(Hs, fs, y, lbs, ubs) > tol:
             used = "pdas+newton"
             y, it2, ok = _projected_newton(Hs, fs, lbs, ubs, y, tol, 500)
