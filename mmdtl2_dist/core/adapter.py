@@ -1,0 +1,168 @@
+"""The deployable part of a fitted MMDTL2 model: target features in, class scores out.
+
+A target sample ``x`` (device B) is scored as
+
+    scores(x) = P k(x̂) + x̂ᵀ V + b,
+
+where:
+
+- ``k(x̂)`` (M,) are the kernel values between ``x`` and the M labelled target training
+  samples (after the target device's frozen preprocessing),
+- ``P`` (K, M) are the prediction coefficients ``βᵀ Kz Γ C`` (DESIGN.md §4),
+- ``V`` (Lt + 1, K) is the prior term ``W0ᵀ Θ`` (zero for the paper's zero prior),
+- ``b`` (K,) are the biases.
+
+Everything is plain arrays and JSON-able parameters, so an adapter can be stored without
+pickling arbitrary objects (see :meth:`AdapterState.to_arrays`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmdtl2_dist.core.kernels import KernelSpec
+from mmdtl2_dist.core.preprocessing import PreprocessStats
+
+
+def check_features(X, n_features: int | None, name: str = "X") -> np.ndarray:
+    """Validate a 2-D finite feature matrix; name the offending rows and the fix."""
+    X = np.asarray(X)
+    if X.dtype == object or not np.issubdtype(X.dtype, np.number):
+        raise ValueError(f"{name} must be numeric, got dtype {X.dtype}.")
+    X = X.astype(np.float64, copy=False)
+    if X.ndim == 1:
+        raise ValueError(
+            f"{name} must be 2-D (n_samples, n_features), got a 1-D array of length {X.shape[0]}; "
+            "reshape a single sample with X.reshape(1, -1)."
+        )
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}.")
+    if X.shape[0] == 0:
+        raise ValueError(f"{name} is empty (0 samples); pass at least one sample.")
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(
+            f"{name} has {X.shape[1]} features but the model expects {n_features}; "
+            "pass features of the same device and feature space as at fit time."
+        )
+    bad = ~np.all(np.isfinite(X), axis=1)
+    if np.any(bad):
+        rows = np.flatnonzero(bad)
+        shown = ", ".join(map(str, rows[:10])) + (" ..." if rows.size > 10 else "")
+        raise ValueError(
+            f"{name} contains NaN or Inf in {rows.size} row(s): {shown}; "
+            "remove or impute those samples first."
+        )
+    return X
+
+
+@dataclass
+class AdapterState:
+    """Self-contained scoring state of a fitted adapter.
+
+    Attributes
+    ----------
+    classes : ndarray (K,)
+        Class labels (ints or strings).
+    X_train : ndarray (M, Lt)
+        Preprocessed labelled target training samples (the kernel's anchors).
+    P : ndarray (K, M)
+        Prediction coefficients.
+    b : ndarray (K,)
+        Biases.
+    V : ndarray (Lt + 1, K) or None
+        Prior term ``W0ᵀ Θ`` (None for the zero prior).
+    kernel : KernelSpec
+        Target kernel with resolved parameters.
+    preprocessing : PreprocessStats
+        Frozen preprocessing of the target device.
+    feature_space : str
+        Name of the target feature space (informational; checked by the registry).
+    """
+
+    classes: np.ndarray
+    X_train: np.ndarray
+    P: np.ndarray
+    b: np.ndarray
+    V: np.ndarray | None
+    kernel: KernelSpec
+    preprocessing: PreprocessStats
+    feature_space: str = "target"
+
+    @property
+    def n_features(self) -> int:
+        return int(self.X_train.shape[1])
+
+    def decision_function(self, X) -> np.ndarray:
+        """Scores (n, K) of raw (not yet preprocessed) target samples."""
+        X = check_features(X, self.n_features)
+        Xp = self.preprocessing.transform(X)
+        G = self.X_train @ Xp.T
+        sq_tr = np.einsum("ij,ij->i", self.X_train, self.X_train)
+        sq_new = np.einsum("ij,ij->i", Xp, Xp)
+        scores = (self.P @ self.kernel(G, sq_tr, sq_new)).T + self.b
+        if self.V is not None:
+            scores = scores + Xp @ self.V[:-1] + self.V[-1]
+        return scores
+
+    def predict(self, X) -> np.ndarray:
+        """Class labels of raw target samples."""
+        return self.classes[np.argmax(self.decision_function(X), axis=1)]
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Plain arrays (for ``np.savez``) and JSON-able metadata; no pickling."""
+        arrays = {"X_train": self.X_train, "P": self.P, "b": self.b}
+        if self.V is not None:
+            arrays["V"] = self.V
+        if self.preprocessing.mean is not None:
+            arrays["pre_mean"] = self.preprocessing.mean
+            arrays["pre_scale"] = self.preprocessing.scale
+        classes = self.classes.tolist()
+        meta = {
+            "format": "mmdtl2-adapter/1",
+            "classes": classes,
+            "classes_dtype": "str" if self.classes.dtype.kind in "US" else "int",
+            "kernel": self.kernel.to_dict(),
+            "preprocessing": self.preprocessing.method,
+            "feature_space": self.feature_space,
+            "n_features": self.n_features,
+        }
+        return arrays, meta
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, meta: dict) -> AdapterState:
+        """Inverse of :meth:`to_arrays`."""
+        if meta.get("format") != "mmdtl2-adapter/1":
+            raise ValueError(f"unknown adapter format {meta.get('format')!r}.")
+        dtype = str if meta["classes_dtype"] == "str" else np.int64
+        pre = PreprocessStats(
+            meta["preprocessing"], arrays.get("pre_mean"), arrays.get("pre_scale")
+        )
+        return cls(
+            classes=np.asarray(meta["classes"], dtype=dtype),
+            X_train=np.asarray(arrays["X_train"], dtype=np.float64),
+            P=np.asarray(arrays["P"], dtype=np.float64),
+            b=np.asarray(arrays["b"], dtype=np.float64),
+            V=None if "V" not in arrays else np.asarray(arrays["V"], dtype=np.float64),
+            kernel=KernelSpec(**meta["kernel"]),
+            preprocessing=pre,
+            feature_space=meta["feature_space"],
+        )
+
+    def save(self, path) -> None:
+        """Write ``<path>.npz`` (arrays) and ``<path>.json`` (metadata)."""
+        arrays, meta = self.to_arrays()
+        np.savez(str(path) + ".npz", **arrays)
+        with open(str(path) + ".json", "w") as fh:
+            json.dump(meta, fh, indent=1)
+
+    @classmethod
+    def load(cls, path) -> AdapterState:
+        """Read what :meth:`save` wrote (``allow_pickle=False``)."""
+        with np.load(str(path) + ".npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        with open(str(path) + ".json") as fh:
+            meta = json.load(fh)
+        return cls.from_arrays(arrays, meta)

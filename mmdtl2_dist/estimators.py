@@ -1,0 +1,619 @@
+"""scikit-learn estimators: MMDTL2, MMDT (paper and reference-code forms), source/target SVM.
+
+How domains are passed
+----------------------
+Two equivalent ways:
+
+1. ``fit(X, y, sample_domain=...)`` — skada's convention: one array ``X`` whose rows are
+   source samples where ``sample_domain > 0`` and labelled target samples where
+   ``sample_domain < 0``. This needs one feature dimension for both devices.
+   Without ``sample_domain`` (e.g. inside scikit-learn's own checks) every sample is used
+   both as a source and as a labelled target sample: the "no device shift" case.
+2. ``fit_domains(Xs, ys, Xt, yt)`` — separate arrays, so the source and target feature
+   dimensions may differ (conv3 64,896-d source, conv5 43,264-d target).
+
+``predict``, ``decision_function``, ``score`` and ``transform`` take **target-device**
+samples (the device being adapted to). With ``sample_domain``, rows with a positive
+domain are scored by the source classifier instead (same feature space only).
+
+Preprocessing (``preprocessing=``) is fitted per device on the samples given to ``fit``
+(source rows and target rows separately) and frozen; see
+:mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
+
+from mmdtl2_dist.core.adapter import AdapterState, check_features
+from mmdtl2_dist.core.kernels import KernelSpec
+from mmdtl2_dist.core.methods import GramProblem
+from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram, one_vs_rest, svm_step
+from mmdtl2_dist.core.preprocessing import fit_preprocessing
+
+MAX_EXPLICIT_W = 50_000_000  # entries of an explicit W (400 MB of doubles)
+
+
+def _check_labels(y, n: int, name: str) -> np.ndarray:
+    y = np.asarray(y)
+    if y.ndim != 1:
+        y = y.reshape(-1) if y.ndim == 2 and 1 in y.shape else y
+    if y.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {y.shape}.")
+    if y.shape[0] != n:
+        raise ValueError(
+            f"{name} has {y.shape[0]} labels but there are {n} samples; pass one label per sample."
+        )
+    if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+        raise ValueError(f"{name} contains NaN or Inf labels; drop unlabelled samples.")
+    if y.dtype.kind == "f" and np.all(y == np.round(y)):
+        y = y.astype(np.int64)
+    return y
+
+
+def split_domains(X, y, sample_domain):
+    """Split skada-style inputs into ``(Xs, ys, Xt, yt)``."""
+    X = check_features(X, None)
+    y = _check_labels(y, X.shape[0], "y")
+    if sample_domain is None:
+        return X, y, X, y
+    sd = np.asarray(sample_domain).reshape(-1)
+    if sd.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"sample_domain has {sd.shape[0]} entries but X has {X.shape[0]} rows; "
+            "give one domain per sample (> 0 source, < 0 target)."
+        )
+    if np.any(sd == 0):
+        raise ValueError("sample_domain must be > 0 (source) or < 0 (target), never 0.")
+    src, tgt = sd > 0, sd < 0
+    return X[src], y[src], X[tgt], y[tgt]
+
+
+class _AdaptationBase(ClassifierMixin, BaseEstimator):
+    """Shared validation, preprocessing and scoring."""
+
+    _needs_source = True
+    _needs_target = True
+
+    def fit(self, X, y, sample_domain=None):
+        """Fit on source and labelled target samples (skada's ``sample_domain``)."""
+        Xs, ys, Xt, yt = split_domains(X, y, sample_domain)
+        return self.fit_domains(Xs, ys, Xt, yt)
+
+    def _validate_domains(self, Xs, ys, Xt, yt):
+        if self._needs_source:
+            if Xs is None or len(Xs) == 0:
+                raise ValueError(
+                    "no source samples (sample_domain > 0); this method needs a source device. "
+                    "Use TargetSVM for target-only training."
+                )
+            Xs = check_features(Xs, None, "Xs")
+            ys = _check_labels(ys, Xs.shape[0], "ys")
+        if self._needs_target:
+            if Xt is None or len(Xt) == 0:
+                raise ValueError(
+                    "no labelled target samples (sample_domain < 0); adaptation needs at least "
+                    "one labelled sample of the target device. Use SourceSVM without them."
+                )
+            Xt = check_features(Xt, None, "Xt")
+            yt = _check_labels(yt, Xt.shape[0], "yt")
+        labels = [a for a in (ys if self._needs_source else None, yt) if a is not None]
+        classes = np.unique(np.concatenate(labels)) if labels else np.array([])
+        if classes.size < 2:
+            raise ValueError(
+                f"need at least 2 classes, got {classes.size} ({classes.tolist()}); "
+                "a classifier cannot be trained on a single class."
+            )
+        if self._needs_source and self._needs_target:
+            missing = np.setdiff1d(np.unique(yt), np.unique(ys))
+            if missing.size and not getattr(self, "allow_target_only_classes", False):
+                raise ValueError(
+                    f"target class(es) {missing.tolist()} have no source sample; the source "
+                    "classifier cannot start from them. Add source samples of those classes, "
+                    "drop them from the target, or pass allow_target_only_classes=True."
+                )
+        return Xs, ys, Xt, yt, classes
+
+    def _fit_preprocessing(self, Xs, Xt):
+        method = getattr(self, "preprocessing", "none")
+        self.source_preprocessing_ = None if Xs is None else fit_preprocessing(Xs, method)
+        self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt, method)
+
+    def decision_function(self, X, sample_domain=None):
+        """Class scores (n, K) of target samples (or source rows, see module docstring)."""
+        check_is_fitted(self)
+        X = check_features(X, None)
+        if sample_domain is None or not np.any(np.asarray(sample_domain) > 0):
+            return self._target_scores(X)
+        sd = np.asarray(sample_domain).reshape(-1)
+        if sd.shape[0] != X.shape[0]:
+            raise ValueError("sample_domain must have one entry per row of X.")
+        out = np.empty((X.shape[0], len(self.classes_)))
+        if np.any(sd < 0):
+            out[sd < 0] = self._target_scores(X[sd < 0])
+        out[sd > 0] = self._source_scores(X[sd > 0])
+        return out
+
+    def predict(self, X, sample_domain=None):
+        """Predicted class labels."""
+        scores = self.decision_function(X, sample_domain)
+        return self.classes_[np.argmax(scores, axis=1)]
+
+    def score(self, X, y, sample_domain=None, sample_weight=None):
+        """Accuracy on target samples."""
+        from sklearn.metrics import accuracy_score
+
+        return accuracy_score(y, self.predict(X, sample_domain), sample_weight=sample_weight)
+
+    def _source_scores(self, X):
+        raise ValueError(f"{type(self).__name__} does not score source-device samples.")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        return tags
+
+
+class _LinearSVMBase(_AdaptationBase):
+    def _fit_svm(self, V, y_enc, cost):
+        Y = one_vs_rest(y_enc, len(self.classes_))
+        res = svm_step(V @ V.T, Y, cost, solver=self.qp_solver, tol=self.qp_tol)
+        self.coef_ = (V.T @ res.coef).T  # (K, L)
+        self.intercept_ = res.b
+        self.qp_results_ = res.qps
+        return self
+
+
+class TargetSVM(_LinearSVMBase):
+    """One-vs-rest linear SVM (hinge, regularised bias) on the labelled target samples only.
+
+    Parameters
+    ----------
+    c_t : float
+        Hinge weight of the target samples.
+    preprocessing : {"none", "l2", "zscore", "l2_zscore"}
+        Per-device preprocessing.
+    qp_solver, qp_tol : str, float
+        Box-QP solver and KKT tolerance of the dual.
+    """
+
+    _needs_source = False
+
+    def __init__(self, c_t=1.0, preprocessing="none", qp_solver="pdas", qp_tol=1e-8):
+        self.c_t = c_t
+        self.preprocessing = preprocessing
+        self.qp_solver = qp_solver
+        self.qp_tol = qp_tol
+
+    def fit(self, X, y, sample_domain=None):
+        if sample_domain is not None:
+            sd = np.asarray(sample_domain).reshape(-1)
+            X = check_features(X, None)
+            y = _check_labels(y, X.shape[0], "y")
+            if sd.shape[0] != X.shape[0]:
+                raise ValueError("sample_domain must have one entry per row of X.")
+            return self.fit_domains(None, None, X[sd < 0], y[sd < 0])
+        return self.fit_domains(None, None, X, y)
+
+    def fit_domains(self, Xs, ys, Xt, yt):
+        """Fit on the labelled target samples (source arguments ignored)."""
+        _, _, Xt, yt, classes = self._validate_domains(None, None, Xt, yt)
+        self.classes_ = classes
+        self._fit_preprocessing(None, Xt)
+        self.n_features_in_ = Xt.shape[1]
+        V = self.target_preprocessing_.transform(Xt)
+        return self._fit_svm(V, np.searchsorted(classes, yt), np.full(len(yt), self.c_t))
+
+    def _target_scores(self, X):
+        X = check_features(X, self.n_features_in_)
+        return self.target_preprocessing_.transform(X) @ self.coef_.T + self.intercept_
+
+
+class SourceSVM(_LinearSVMBase):
+    """The paper's "source SVM": a linear SVM on source and labelled target samples together.
+
+    Both devices must share one feature space. With no labelled target sample it is the
+    source-only SVM. Parameters as :class:`TargetSVM`, plus ``c_s`` (source hinge weight).
+    """
+
+    _needs_target = False
+
+    def __init__(self, c_s=1.0, c_t=1.0, preprocessing="none", qp_solver="pdas", qp_tol=1e-8):
+        self.c_s = c_s
+        self.c_t = c_t
+        self.preprocessing = preprocessing
+        self.qp_solver = qp_solver
+        self.qp_tol = qp_tol
+
+    def fit_domains(self, Xs, ys, Xt=None, yt=None):
+        """Fit on source samples and (optionally) labelled target samples."""
+        has_t = Xt is not None and len(Xt) > 0
+        Xs, ys, _, _, _ = self._validate_domains(Xs, ys, None, None)
+        if has_t:
+            Xt = check_features(Xt, Xs.shape[1], "Xt")
+            yt = _check_labels(yt, Xt.shape[0], "yt")
+        else:
+            Xt, yt = np.zeros((0, Xs.shape[1])), ys[:0]
+        self.classes_ = np.unique(np.r_[ys, yt])
+        self._fit_preprocessing(Xs, Xt if has_t else None)
+        self.n_features_in_ = Xs.shape[1]
+        V = self.source_preprocessing_.transform(Xs)
+        if has_t:
+            V = np.vstack([V, self.target_preprocessing_.transform(Xt)])
+        cost = np.r_[np.full(len(ys), self.c_s), np.full(len(yt), self.c_t)]
+        return self._fit_svm(V, np.searchsorted(self.classes_, np.r_[ys, yt]), cost)
+
+    def _target_scores(self, X):
+        X = check_features(X, self.n_features_in_)
+        pre = self.target_preprocessing_ or self.source_preprocessing_
+        return pre.transform(X) @ self.coef_.T + self.intercept_
+
+    def _source_scores(self, X):
+        X = check_features(X, self.n_features_in_)
+        return self.source_preprocessing_.transform(X) @ self.coef_.T + self.intercept_
+
+
+class MMDTL2(TransformerMixin, _AdaptationBase):
+    """Max-margin domain transfer with L2 constraints (Tamaki et al.), on Gram matrices.
+
+    Learns one-vs-rest linear SVMs in the source space jointly with a transform ``W``
+    from the target space (kernelised: linear, RBF or polynomial) into the source space,
+    by alternating the W-step dual and the SVM-step (see :mod:`mmdtl2_dist.core.mmdtl2`).
+
+    Parameters
+    ----------
+    c_f, c_d, c_t, c_s : float
+        Paper parameters (defaults 0.1 each, the paper's).
+    kernel : {"linear", "rbf", "poly"}
+        Target-side kernel (:mod:`mmdtl2_dist.core.kernels` for the defaults of
+        ``gamma``, ``degree``, ``coef0``).
+    prior : {"zero", "identity", "matrix"}
+        Prior transform ``W0`` of the regulariser ``½ c_f ‖W − W0‖²``: ``"zero"`` is the
+        paper; ``"identity"`` (``Ls = Lt``) keeps the source classifier in force where the
+        few target samples say nothing, scaled by ``prior_weight``; ``"matrix"`` uses the
+        user's ``W0`` of shape (Ls, Lt) or (Ls, Lt + 1) (e.g. learned by an alignment
+        method, for ``Ls ≠ Lt``).
+    prior_weight : float
+        ``μ`` in ``W0 = μ I`` for the identity prior (0 = paper, 1 = identity).
+    W0 : ndarray or None
+        The prior matrix for ``prior="matrix"``.
+    preprocessing : {"none", "l2", "zscore", "l2_zscore"}
+        Per-device preprocessing.
+    max_iter, tol : int, float
+        Alternations and relative objective stall tolerance.
+    qp_solver, qp_tol : str, float
+        Box-QP solver and KKT tolerance of both steps.
+    init : {"source", "source+prior"}
+        Initial SVM on the source only (paper) or on source and prior-mapped targets.
+    select : list of dict or None
+        If given, candidate parameter sets; the one with the best cross-validated accuracy
+        on the labelled target samples (leave one per class out) is used (issue 8).
+    allow_target_only_classes : bool
+        Accept target classes with no source sample (their hyperplane starts from an
+        all-negative source SVM).
+
+    Attributes
+    ----------
+    classes_ : ndarray (K,)
+    adapter_ : AdapterState
+        The deployable scoring state (target features in, scores out).
+    coef_source_ : ndarray (K, Ls)
+        Source-space hyperplanes ``Θᵀ``; ``intercept_`` (K,) their biases.
+    objective_ : list of float
+        Objective after the initial SVM and every alternation.
+    n_iter_ : int
+    fit_info_ : dict
+        QP statuses and KKT residuals, timings.
+    selection_ : list of dict or None
+        CV table when ``select`` was given; ``selected_params_`` the chosen set.
+    """
+
+    def __init__(
+        self,
+        c_f=0.1,
+        c_d=0.1,
+        c_t=0.1,
+        c_s=0.1,
+        kernel="linear",
+        gamma=None,
+        degree=2,
+        coef0=1.0,
+        prior="zero",
+        prior_weight=1.0,
+        W0=None,
+        preprocessing="none",
+        max_iter=20,
+        tol=1e-5,
+        qp_solver="pdas",
+        qp_tol=1e-8,
+        init="source",
+        select=None,
+        allow_target_only_classes=False,
+    ):
+        self.c_f = c_f
+        self.c_d = c_d
+        self.c_t = c_t
+        self.c_s = c_s
+        self.kernel = kernel
+        self.gamma = gamma
+        self.degree = degree
+        self.coef0 = coef0
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self.W0 = W0
+        self.preprocessing = preprocessing
+        self.max_iter = max_iter
+        self.tol = tol
+        self.qp_solver = qp_solver
+        self.qp_tol = qp_tol
+        self.init = init
+        self.select = select
+        self.allow_target_only_classes = allow_target_only_classes
+
+    def fit_domains(self, Xs, ys, Xt, yt):
+        """Fit on source ``(Xs, ys)`` and labelled target ``(Xt, yt)`` samples.
+
+        The feature dimensions of ``Xs`` and ``Xt`` may differ (except for the identity prior).
+        """
+        Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
+        self.classes_ = classes
+        self._fit_preprocessing(Xs, Xt)
+        Xs_p = self.source_preprocessing_.transform(Xs)
+        Xt_p = self.target_preprocessing_.transform(Xt)
+        self.n_features_in_ = Xt.shape[1]
+        self.n_source_features_ = Xs.shape[1]
+        self.selection_ = None
+        params = self.get_params(deep=False)
+        if self.select:
+            params = self._select(Xs_p, ys, Xt_p, yt, params)
+        self._fit_chosen(
+            Xs_p, np.searchsorted(classes, ys), Xt_p, np.searchsorted(classes, yt), params
+        )
+        return self
+
+    def _select(self, Xs, ys, Xt, yt, base):
+        from mmdtl2_dist.core.selection import select_by_cv
+
+        if self.prior == "matrix" or any(g.get("prior") == "matrix" for g in self.select):
+            raise ValueError("select does not support prior='matrix'; select over zero/identity.")
+        keys = {"c_f", "c_d", "c_t", "c_s", "kernel", "gamma", "degree", "coef0", "prior"}
+        keys |= {"prior_weight", "max_iter", "tol", "qp_solver", "qp_tol", "init"}
+        grid = []
+        for g in self.select:
+            bad = set(g) - keys
+            if bad:
+                raise ValueError(
+                    f"unknown parameter(s) {sorted(bad)} in select; valid: {sorted(keys)}."
+                )
+            grid.append({**{k: base[k] for k in keys}, **g})
+        shared = Xs.shape[1] == Xt.shape[1]
+        empty = np.zeros((len(yt), 0))
+        prob = GramProblem(
+            ys=ys, yt=yt, Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=empty, sq_q=np.zeros(0),
+            Kst=Xs @ Xt.T if shared else None, Ksq=np.zeros((len(ys), 0)) if shared else None,
+        )  # fmt: skip
+        best, table = select_by_cv("mmdtl2", grid, prob)
+        self.selection_ = table
+        self.selected_params_ = {k: best[k] for k in best if any(k in g for g in self.select)}
+        return {**base, **best}
+
+    def _fit_chosen(self, Xs, ys, Xt, yt, p):
+        N, M, K = len(ys), len(yt), len(self.classes_)
+        Ls, Lt = Xs.shape[1], Xt.shape[1]
+        U = self._prior_targets(Xt, p, Ls, Lt)  # W0 x̂_m, (M, Ls)
+        Z = np.vstack([Xs, U])
+        spec = KernelSpec(p["kernel"], p["gamma"], p["degree"], p["coef0"]).resolve(Xt @ Xt.T)
+        Kt = spec(Xt @ Xt.T)
+        mp = MMDTL2Params(
+            c_f=p["c_f"], c_d=p["c_d"], c_t=p["c_t"], c_s=p["c_s"], max_iter=p["max_iter"],
+            tol=p["tol"], qp_solver=p["qp_solver"], qp_tol=p["qp_tol"],
+        )  # fmt: skip
+        fit = fit_mmdtl2_gram(Z @ Z.T, Kt, ys, yt, K, mp, init=p["init"])
+        Theta = Z.T @ fit.beta  # (Ls, K)
+        W0h = self._prior_matrix(p, Ls, Lt)
+        V = None if W0h is None else W0h.T @ Theta  # (Lt+1, K)
+        self._Z, self._fit, self._W0h = Z, fit, W0h
+        self.adapter_ = AdapterState(
+            classes=self.classes_, X_train=Xt, P=fit.P, b=fit.b, V=V, kernel=spec,
+            preprocessing=self.target_preprocessing_,
+        )  # fmt: skip
+        self.coef_source_ = Theta.T
+        self.intercept_ = fit.b
+        self.objective_ = fit.objective
+        self.n_iter_ = fit.info["n_iter"]
+        self.fit_info_ = fit.info
+        self.kernel_ = spec
+
+    def _prior_matrix(self, p, Ls, Lt):
+        """``W0`` as an (Ls, Lt + 1) matrix, or None for the zero prior."""
+        if p["prior"] == "zero":
+            return None
+        if p["prior"] == "identity":
+            if Ls != Lt:
+                raise ValueError(
+                    f"the identity prior needs equal source and target dimensions, got {Ls} and "
+                    f"{Lt}; use prior='matrix' with a W0 of shape ({Ls}, {Lt})."
+                )
+            return np.hstack([p["prior_weight"] * np.eye(Ls), np.zeros((Ls, 1))])
+        if p["prior"] == "matrix":
+            W0 = p["W0"]
+            if W0 is None:
+                raise ValueError("prior='matrix' needs W0 of shape (Ls, Lt) or (Ls, Lt + 1).")
+            W0 = np.asarray(W0, dtype=np.float64)
+            if W0.shape == (Ls, Lt):
+                W0 = np.hstack([W0, np.zeros((Ls, 1))])
+            if W0.shape != (Ls, Lt + 1):
+                raise ValueError(
+                    f"W0 must have shape ({Ls}, {Lt}) or ({Ls}, {Lt + 1}), got {W0.shape}."
+                )
+            if not np.all(np.isfinite(W0)):
+                raise ValueError("W0 contains NaN or Inf.")
+            return W0
+        raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
+
+    def _prior_targets(self, Xt, p, Ls, Lt):
+        W0h = self._prior_matrix(p, Ls, Lt)
+        if W0h is None:
+            return np.zeros((Xt.shape[0], Ls))
+        return Xt @ W0h[:, :-1].T + W0h[:, -1]
+
+    def _target_scores(self, X):
+        return self.adapter_.decision_function(check_features(X, self.n_features_in_))
+
+    def _source_scores(self, X):
+        X = check_features(X, self.n_source_features_)
+        return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
+
+    def transform(self, X):
+        """Map target samples into the source space: ``W x̂`` (n, Ls).
+
+        Needs the kernel's feature map only through ``k(x̂)``, so it works for every kernel.
+        """
+        check_is_fitted(self)
+        X = check_features(X, self.n_features_in_)
+        Xp = self.target_preprocessing_.transform(X)
+        Xt = self.adapter_.X_train
+        k = self.kernel_(Xt @ Xp.T, np.einsum("ij,ij->i", Xt, Xt), np.einsum("ij,ij->i", Xp, Xp))
+        WX = (self._Z.T @ (self._fit.Gamma @ (self._fit.C @ k))).T
+        if self._W0h is not None:
+            WX += Xp @ self._W0h[:, :-1].T + self._W0h[:, -1]
+        return WX
+
+    def transform_matrix(self) -> np.ndarray:
+        """The explicit ``W`` (Ls, Lt + 1) for the linear kernel, when it is small enough."""
+        check_is_fitted(self)
+        if self.kernel_.kernel != "linear":
+            raise ValueError("an explicit W exists only for the linear kernel; use transform().")
+        Ls, Lt = self.n_source_features_, self.n_features_in_
+        if Ls * (Lt + 1) > MAX_EXPLICIT_W:
+            raise ValueError(
+                f"W would have {Ls} x {Lt + 1} = {Ls * (Lt + 1):,} entries "
+                f"({Ls * (Lt + 1) * 8 / 1e9:.1f} GB); use transform() or decision_function()."
+            )
+        Xh = np.hstack([self.adapter_.X_train, np.ones((self.adapter_.X_train.shape[0], 1))])
+        W = self._Z.T @ self._fit.Gamma @ self._fit.C @ Xh
+        return W if self._W0h is None else W + self._W0h
+
+
+class MMDT(TransformerMixin, _AdaptationBase):
+    """MMDT in the paper's form (its Problem 2), with an explicit transform ``W``.
+
+    ``min ½‖W‖² + ½‖Θ̂‖² + c_t Σ hinge_t + c_s Σ hinge_s`` by alternation from a
+    source-only SVM (:mod:`mmdtl2_dist.core.mmdt`). Equal to ``MMDTL2(c_f=1, c_d=0)``;
+    kept separate because it forms ``W`` explicitly (small dimensions only).
+
+    Parameters
+    ----------
+    c_t, c_s : float
+        Hoffman et al.'s weights 1 and 0.05 by default.
+    preprocessing, max_iter, tol, qp_solver, qp_tol
+        As :class:`MMDTL2` (``tol`` on the relative change of ``W``).
+    """
+
+    def __init__(
+        self,
+        c_t=1.0,
+        c_s=0.05,
+        preprocessing="none",
+        max_iter=20,
+        tol=1e-5,
+        qp_solver="pdas",
+        qp_tol=1e-8,
+    ):
+        self.c_t = c_t
+        self.c_s = c_s
+        self.preprocessing = preprocessing
+        self.max_iter = max_iter
+        self.tol = tol
+        self.qp_solver = qp_solver
+        self.qp_tol = qp_tol
+
+    def fit_domains(self, Xs, ys, Xt, yt):
+        """Fit on source and labelled target samples (dimensions may differ)."""
+        from mmdtl2_dist.core.mmdt import fit_mmdt_explicit
+
+        Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
+        if Xs.shape[1] * (Xt.shape[1] + 1) > MAX_EXPLICIT_W:
+            raise ValueError(
+                f"MMDT forms W explicitly: {Xs.shape[1]} x {Xt.shape[1] + 1} is too large; "
+                "use MMDTL2(c_f=1, c_d=0), which never forms W."
+            )
+        self.classes_ = classes
+        self._fit_preprocessing(Xs, Xt)
+        self.n_features_in_ = Xt.shape[1]
+        self.n_source_features_ = Xs.shape[1]
+        W, Theta, b, n_iter = fit_mmdt_explicit(
+            self.source_preprocessing_.transform(Xs), np.searchsorted(classes, ys),
+            self.target_preprocessing_.transform(Xt), np.searchsorted(classes, yt), len(classes),
+            c_t=self.c_t, c_s=self.c_s, max_iter=self.max_iter, tol=self.tol,
+            qp_solver=self.qp_solver, qp_tol=self.qp_tol,
+        )  # fmt: skip
+        self.W_, self.coef_source_, self.intercept_, self.n_iter_ = W, Theta.T, b, n_iter
+        return self
+
+    def transform(self, X):
+        """``W x̂`` (n, Ls) of target samples."""
+        check_is_fitted(self)
+        Xp = self.target_preprocessing_.transform(check_features(X, self.n_features_in_))
+        return Xp @ self.W_[:, :-1].T + self.W_[:, -1]
+
+    def _target_scores(self, X):
+        return self.transform(X) @ self.coef_source_.T + self.intercept_
+
+    def _source_scores(self, X):
+        X = check_features(X, self.n_source_features_)
+        return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
+
+
+class MMDTHoffman(_AdaptationBase):
+    """MMDT as in Hoffman et al.'s reference MATLAB code (DESIGN.md §5), on Gram matrices.
+
+    Like the reference code it is **transductive**: the PCA to ``pca_dim`` dimensions is
+    fitted on the training *and* the test samples, so ``fit`` stores the training data
+    and every ``predict`` call runs the whole procedure with its batch as the test set.
+    Use ``pca_dim=None`` to disable the PCA. Source and target must share one feature
+    space. See :mod:`mmdtl2_dist.core.mmdt_hoffman` for the algorithm and ``faithful``.
+    """
+
+    def __init__(self, c_s=0.05, c_t=1.0, gamma=1e-4, n_iter=2, pca_dim=20, faithful=True,
+                 preprocessing="none"):  # fmt: skip
+        self.c_s = c_s
+        self.c_t = c_t
+        self.gamma = gamma
+        self.n_iter = n_iter
+        self.pca_dim = pca_dim
+        self.faithful = faithful
+        self.preprocessing = preprocessing
+
+    def fit_domains(self, Xs, ys, Xt, yt):
+        """Store the preprocessed training data (the fit happens per predicted batch)."""
+        Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
+        if Xs.shape[1] != Xt.shape[1]:
+            raise ValueError("MMDTHoffman needs one feature space for source and target.")
+        self.classes_ = classes
+        self._fit_preprocessing(Xs, Xt)
+        self.n_features_in_ = Xt.shape[1]
+        self._Xs = self.source_preprocessing_.transform(Xs)
+        self._Xt = self.target_preprocessing_.transform(Xt)
+        self._ys, self._yt = ys, yt
+        return self
+
+    def _target_scores(self, X):
+        from mmdtl2_dist.core.methods import fit_predict
+
+        Xq = self.target_preprocessing_.transform(check_features(X, self.n_features_in_))
+        Xs, Xt = self._Xs, self._Xt
+        prob = GramProblem(
+            ys=self._ys, yt=self._yt, Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=Xt @ Xq.T,
+            sq_q=np.einsum("ij,ij->i", Xq, Xq), Kst=Xs @ Xt.T, Ksq=Xs @ Xq.T, Kqq=Xq @ Xq.T,
+        )  # fmt: skip
+        params = {
+            k: getattr(self, k) for k in ("c_s", "c_t", "gamma", "n_iter", "pca_dim", "faithful")
+        }
+        res = fit_predict("mmdt_hoffman", params, prob)
+        order = np.searchsorted(res.classes, self.classes_)
+        if not np.array_equal(res.classes[order], self.classes_):
+            raise ValueError("internal error: class sets differ")
+        return res.scores[:, order]
