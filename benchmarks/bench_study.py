@@ -7,9 +7,12 @@ Each runs the real study end to end (``run_study``: data, Grams, Ray Tune trials
 on SQLite, report) in a fresh folder on a local Ray with ``--num-cpus`` CPUs, and prints
 and writes (``benchmarks/results/study_<which>.json``):
 
-- the total wall time and its parts: data + Gram, Tune (trials), report;
-- solver time (sum over fits) against trial wall time and Tune wall time x slots, i.e.
-  how much of the machine the solvers used and what the framework cost.
+- the total wall time and its stages: Ray start, data + Gram, trials (Tune), report;
+- where the CPU time of the trial phase (CPUs x its wall time) went: method fits
+  (``solver_cpu_s``), Gram slicing, other in-trial time, idle CPUs while trials were
+  still waiting to start (``scheduling_idle_cpu_s``: Ray Tune and driver-side MLflow
+  overhead) and idle CPUs after the last trial started (``tail_idle_cpu_s``: load
+  imbalance); see ``mmdtl2_dist.study.runner.study_timing``.
 
 ``synthetic`` also measures the alternative the Gram-once design avoids: computing each
 trial's kernel blocks (Kss, Ktt, Ktq, Kst, Ksq and the test norms) from the features
@@ -84,31 +87,26 @@ def main() -> None:
     t0 = time.perf_counter()
     rep = run_study(spec, num_cpus=args.num_cpus, progress=True)
     total = time.perf_counter() - t0
-    timing = json.loads((tmp / "study.json").read_text())["last_run"]
+    stages = json.loads((tmp / "study.json").read_text())["last_run"]
     tab = rep["table"]
     row = {
         "which": args.which,
         "spec": SPECS[args.which],
         "num_cpus": args.num_cpus,
-        "trials": len(spec.trials()),
-        "fits": int(
-            sum(len(json.loads(p.read_text())["units"]) for p in (tmp / "results").glob("*.json"))
-        ),
         "total_s": total,
-        **{k: v for k, v in timing.items()},
+        **{k: v for k, v in stages.items() if k not in ("tune_t0", "tune_t1")},
+        **rep["timing"],
     }
     payloads = [json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")]
-    row["sum_solver_s"] = float(sum(p["solver_s"] for p in payloads))
-    row["sum_slice_s"] = float(sum(p["load_s"] for p in payloads))
-    row["sum_trial_wall_s"] = float(sum(p["wall_s"] for p in payloads))
-    slots = max(1, min(args.num_cpus, len(payloads)))
-    row["solver_share_of_tune_capacity"] = row["sum_solver_s"] / (row["tune_wall_s"] * slots)
-    row["framework_overhead_s"] = max(row["tune_wall_s"] - row["sum_trial_wall_s"] / slots, 0)
+    row["solver_cpu_s_by_method"] = {
+        label: float(sum(p["solver_s"] for p in payloads if p["label"] == label))
+        for label in dict.fromkeys(p["label"] for p in payloads)
+    }
     if args.which == "synthetic":
         fk = feature_kernel_cost(tmp)
         row["feature_kernels"] = fk
         # Parallel like the study: the per-unit products over the same slots.
-        projected = (row["fits"] * fk["per_unit_s"] + row["sum_solver_s"]) / slots
+        projected = (row["fits"] * fk["per_unit_s"] + row["solver_cpu_s"]) / args.num_cpus
         row["feature_kernel_projected_s"] = projected
         row["speedup_vs_feature_kernels"] = projected / total
     row["accuracy_table"] = tab[tab["pair"] == tab["pair"].iloc[-1]][

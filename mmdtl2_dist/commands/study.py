@@ -51,6 +51,9 @@ def _print_result(rep: dict) -> None:
     print(rep["summary"])
     print()
     print(f"report: {rep['files'][0]}")
+    tables = [str(f) for f in rep["files"] if str(f).endswith("table.csv")]
+    if tables:
+        print(f"table:  {tables[0]}")
     pngs = [str(f) for f in rep["files"] if str(f).endswith(".png")]
     if pngs:
         print("plots:  " + "\n        ".join(pngs))

@@ -223,6 +223,25 @@ def _plot_vs_n(table: pd.DataFrame, labels: list[str], title: str, path: Path) -
     plt.close(fig)
 
 
+def _plot_by_pair(table: pd.DataFrame, labels: list[str], title: str, path: Path) -> None:
+    """Grouped bars: accuracy (mean ± std) of every method on every pair."""
+    pairs = list(dict.fromkeys(table["pair"]))
+    width = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(pairs)), 4.5))
+    for i, label in enumerate(labels):
+        t = table[table["label"] == label].set_index("pair").reindex(pairs)
+        x = np.arange(len(pairs)) + (i - (len(labels) - 1) / 2) * width
+        ax.bar(x, t["mean"], width, yerr=t["std"], capsize=1.5, label=label)
+    ax.set_xticks(np.arange(len(pairs)), pairs, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _plot_sweep(d: pd.DataFrame, base: str, param: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     d = d.assign(value=d["swept"].map(lambda s: json.loads(s)[param]))
@@ -356,6 +375,10 @@ def write_report(
             t = table[(table["n_per_class"] == n) & table["label"].isin(main)]
             text = markdown_table(t, "pair", main)
             md += [f"## Per pair, {n} labelled target samples per class", "", text, ""]
+            if table["n_per_class"].nunique() == 1:  # no accuracy-versus-n curve to draw
+                png = out_dir / f"accuracy_by_pair_n{n}.png"
+                _plot_by_pair(t, main, f"{title}: {n} labelled target samples per class", png)
+                files.append(png)
             if table["n_per_class"].nunique() == 1:
                 summary = f"Per pair, {n} labelled target samples per class\n\n{text}"
     swept = df[df["swept"] != "{}"]

@@ -301,7 +301,7 @@ class _Sink:
                 f"[{done}/{self.total}] {payload['label']} n={payload['n_per_class']}: "
                 f"accuracy {100 * payload['accuracy']:.2f} ± "
                 f"{100 * payload['accuracy_std']:.2f} % over {len(payload['units'])} fits, "
-                f"solver {payload['solver_s']:.1f} s of {payload['wall_s']:.1f} s "
+                f"fits {payload['solver_s']:.1f} CPU-s in {payload['wall_s']:.1f} s "
                 f"({time.perf_counter() - self.t0:.0f} s elapsed)",
             )
 
@@ -424,9 +424,10 @@ def run_study(
     _write_state(spec, {})
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     ray, owned = _ensure_ray(address, num_cpus)
+    ray_start_s = time.perf_counter() - t_start
     try:
-        store, split_file = prepare_data(spec)
         t0 = time.perf_counter()
+        store, split_file = prepare_data(spec)
         grams = compute_grams(spec, store, address=address, progress=progress)
         gram_s = time.perf_counter() - t0
         plan_path = out / PLAN_FILE
@@ -456,18 +457,26 @@ def run_study(
             f"study {spec.name!r}: {len(trials)} trials x {n_units} fits "
             f"({len(plan.pairs)} pairs); output {out}",
         )
-        t1 = time.perf_counter()
+        t1, tune_t0 = time.perf_counter(), time.time()
         _run_trials(
             spec, plan_path, trials, sink, resume=resume, max_trials=max_trials, progress=progress
         )
         tune_s = time.perf_counter() - t1
         timing = {
-            "gram_s": gram_s,
+            "ray_start_s": ray_start_s,
+            "data_and_gram_s": gram_s,
             "tune_wall_s": tune_s,
-            "study_wall_s": time.perf_counter() - t_start,
+            "tune_t0": tune_t0,
+            "tune_t1": time.time(),
+            "cpus": float(ray.cluster_resources().get("CPU", 1.0)),
         }
+        t2 = time.perf_counter()
+        rep = report_study(spec, tracker=tracker, progress=progress, timing=timing)
+        timing["report_s"] = time.perf_counter() - t2
+        timing["study_wall_s"] = time.perf_counter() - t_start
         _write_state(spec, {"last_run": timing})
-        return report_study(spec, tracker=tracker, progress=progress, timing=timing)
+        _say(progress, "study: " + timing_line(rep["timing"], timing))
+        return rep
     finally:
         if owned:
             ray.shutdown()
@@ -479,9 +488,9 @@ _COST_RANK = {
     "mmdtl2": 2,
     "mmdt": 3,
     "sa_svm": 4,
-    "source_svm": 5,
-    "target_svm": 6,
-    "ncm": 7,
+    "kmm_svm": 5,
+    "source_svm": 6,
+    "target_svm": 7,
 }
 
 
@@ -632,27 +641,7 @@ def report_study(
     if timing is None:
         st = spec.output / STATE_FILE
         timing = json.loads(st.read_text()).get("last_run", {}) if st.exists() else {}
-    timing = dict(timing)
-    sum_wall = float(sum(p["wall_s"] for p in payloads))
-    sum_solver = float(sum(p["solver_s"] for p in payloads))
-    sum_slice = float(sum(p["load_s"] for p in payloads))
-    timing.update(
-        {
-            "trials": len(payloads),
-            "fits": sum(len(p["units"]) for p in payloads),
-            "sum_trial_wall_s": sum_wall,
-            "sum_solver_s": sum_solver,
-            "sum_slice_s": sum_slice,
-        }
-    )
-    if timing.get("tune_wall_s"):
-        import ray
-
-        cpus = ray.cluster_resources().get("CPU", 1.0) if ray.is_initialized() else 1.0
-        slots = max(1.0, min(cpus // max(spec.cpus_per_trial, 1e-9), len(payloads)))
-        timing["parallel_slots"] = slots
-        timing["solver_share_of_capacity"] = sum_solver / (timing["tune_wall_s"] * slots)
-        timing["framework_overhead_s"] = max(timing["tune_wall_s"] - sum_wall / slots, 0.0)
+    timing = study_timing(payloads, dict(timing))
     title = f"Study {spec.name}" + (
         f" (incomplete: {len(missing)} trials missing)" if missing else ""
     )
@@ -677,4 +666,99 @@ def report_study(
         rep["tracking_uri"] = tracker.uri
         rep["experiment"] = tracker.experiment
     rep["missing"] = missing
+    rep["timing"] = timing
     return rep
+
+
+def cpu_accounting(
+    intervals: list[tuple[float, float, int]], t0: float, t1: float, cpus: float
+) -> dict[str, float]:
+    """Split the CPU time of a Tune phase into trials running and idle CPUs.
+
+    Parameters
+    ----------
+    intervals : list of (start, end, cpus)
+        Epoch seconds of each trial and the CPUs it holds.
+    t0, t1 : float
+        The Tune phase (epoch seconds).
+    cpus : float
+        CPUs of the cluster.
+
+    Returns
+    -------
+    dict
+        ``capacity_cpu_s`` (``cpus * (t1 - t0)``) = ``in_trials_cpu_s`` (CPUs held by
+        running trials) + ``scheduling_idle_cpu_s`` (idle while some trial had not
+        started yet: Ray Tune's start-up, actor start, result handling and driver-side
+        MLflow logging) + ``tail_idle_cpu_s`` (idle after the last trial started: too few
+        trials left to fill the CPUs, i.e. load imbalance).
+    """
+    last_start = max((a for a, _, _ in intervals), default=t0)
+    edges = sorted({t0, t1, *(min(max(x, t0), t1) for a, b, _ in intervals for x in (a, b))})
+    held = sched = tail = 0.0
+    for a, b in zip(edges[:-1], edges[1:], strict=False):
+        mid = 0.5 * (a + b)
+        busy = min(float(sum(c for s, e, c in intervals if s <= mid < e)), cpus)
+        held += busy * (b - a)
+        idle = (cpus - busy) * (b - a)
+        if mid < last_start:
+            sched += idle
+        else:
+            tail += idle
+    return {
+        "capacity_cpu_s": cpus * (t1 - t0),
+        "in_trials_cpu_s": held,
+        "scheduling_idle_cpu_s": sched,
+        "tail_idle_cpu_s": tail,
+    }
+
+
+def study_timing(payloads: list[dict], timing: dict) -> dict:
+    """Timings of a study: its stages, and where the CPU time of the Tune phase went.
+
+    ``solver_cpu_s`` is the sum of the method fits (what the study is for),
+    ``gram_slicing_cpu_s`` the sum of loading and slicing cached Gram blocks, and
+    ``trial_other_cpu_s`` the rest of the CPU time held by trials (per-trial set-up, and
+    CPUs of a trial waiting for its slowest share). Everything else is framework or
+    scheduling: see :func:`cpu_accounting`. ``solver_share`` is ``solver_cpu_s`` over
+    ``capacity_cpu_s``.
+    """
+    out = {
+        "trials": len(payloads),
+        "fits": sum(len(p["units"]) for p in payloads),
+        "solver_cpu_s": float(sum(p["solver_s"] for p in payloads)),
+        "gram_slicing_cpu_s": float(sum(p.get("slice_s", p.get("load_s", 0.0)) for p in payloads)),
+    }
+    t0, t1, cpus = timing.get("tune_t0"), timing.get("tune_t1"), timing.get("cpus")
+    if t0 and t1 and cpus:
+        # Only trials of this run's Tune phase (a resumed study also holds older ones).
+        mine = [p for p in payloads if "t_start" in p and t0 - 1 <= p["t_start"] <= t1]
+        acc = cpu_accounting(
+            [(p["t_start"], p["t_end"], int(p.get("cpus", 1))) for p in mine], t0, t1, cpus
+        )
+        solver = float(sum(p["solver_s"] for p in mine))
+        slicing = float(sum(p.get("slice_s", 0.0) for p in mine))
+        acc["trials_this_run"] = len(mine)
+        acc["solver_cpu_s_this_run"] = solver
+        acc["gram_slicing_cpu_s_this_run"] = slicing
+        acc["trial_other_cpu_s"] = max(acc["in_trials_cpu_s"] - solver - slicing, 0.0)
+        acc["solver_share"] = solver / acc["capacity_cpu_s"] if acc["capacity_cpu_s"] else 0.0
+        out.update(acc)
+    return {**{k: v for k, v in timing.items() if k not in ("tune_t0", "tune_t1")}, **out}
+
+
+def timing_line(t: dict, stages: dict) -> str:
+    """One line of the study's timing for the progress output."""
+    line = (
+        f"{stages.get('study_wall_s', 0):.0f} s wall (Ray start {stages.get('ray_start_s', 0):.0f}"
+        f" s, data + Gram {stages.get('data_and_gram_s', 0):.0f} s, trials "
+        f"{stages.get('tune_wall_s', 0):.0f} s, report {stages.get('report_s', 0):.0f} s)"
+    )
+    if "capacity_cpu_s" in t:
+        line += (
+            f"; trial phase {t['capacity_cpu_s']:.0f} CPU-s = fits {t['solver_cpu_s_this_run']:.0f}"
+            f" + Gram slicing {t['gram_slicing_cpu_s_this_run']:.0f} + other in-trial "
+            f"{t['trial_other_cpu_s']:.0f} + scheduling idle {t['scheduling_idle_cpu_s']:.0f}"
+            f" + tail idle {t['tail_idle_cpu_s']:.0f}"
+        )
+    return line

@@ -45,18 +45,22 @@ from typing import Any
 
 import yaml
 
+from mmdtl2_dist.core.methods import DEFAULTS as CORE_DEFAULTS
 from mmdtl2_dist.core.preprocessing import PREPROCESSING
 from mmdtl2_dist.study.splits import PROTOCOLS
 
-# The core's methods (mmdtl2_dist.core.methods.METHODS), repeated here so that a spec can
-# be validated without importing the solvers.
-CORE_METHODS = ("source_svm", "target_svm", "mmdt", "mmdt_hoffman", "mmdtl2")
-# Methods of this package evaluated on the same splits (see mmdtl2_dist.study.baselines).
-EXTRA_METHODS = ("ncm", "coral_svm", "sa_svm")
+#: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
+CORE_METHODS = tuple(CORE_DEFAULTS)
+#: Established shallow methods from skada, on the same splits (see study.baselines).
+EXTRA_METHODS = ("coral_svm", "sa_svm", "kmm_svm")
 ALL_METHODS = CORE_METHODS + EXTRA_METHODS
 #: Methods that need source and target in one feature space.
-SAME_SPACE_METHODS = ("source_svm", "mmdt_hoffman", "coral_svm", "sa_svm")
+SAME_SPACE_METHODS = ("source_svm", "mmdt_hoffman", "coral_svm", "sa_svm", "kmm_svm")
 KERNELS = ("linear", "rbf", "poly")
+#: Value rules of the core's parameters. The *names* a method accepts are the keys of
+#: its ``DEFAULTS`` entry; a name without a rule here accepts any scalar. In a spec,
+#: ``"auto"`` stands for the core's ``None`` (TOML has no null): ``gamma = "auto"`` is
+#: the data-driven kernel width, ``pca_dim = "none"`` turns the PCA off.
 CORE_PARAMS = {
     "c_f": "positive",
     "c_d": "nonnegative",
@@ -68,14 +72,27 @@ CORE_PARAMS = {
     "coef0": "number",
     "prior": ("zero", "identity"),
     "prior_weight": "nonnegative",
+    "init": ("source", "source+prior"),
     "max_iter": "positive_int",
     "tol": "positive",
+    "qp_solver": ("pdas", "osqp"),
+    "qp_tol": "positive",
+    "n_iter": "positive_int",
+    "pca_dim": "positive_int_or_none",
+    "bregman_tol": "positive",
+    "check_every": "positive_int",
+    "max_steps": "positive_int",
+    "faithful": (True, False),
 }
+#: Where one name means different things in different methods.
+METHOD_PARAMS = {"mmdt_hoffman": {"gamma": "positive"}}
 EXTRA_PARAMS = {
-    "ncm": {"kernel": ("linear", "rbf"), "gamma": "positive_or_auto"},
-    "coral_svm": {"reg": "nonnegative", "c": "positive"},
+    "coral_svm": {"reg": "positive_or_auto", "c": "positive"},
     "sa_svm": {"n_components": "positive_int", "c": "positive"},
+    "kmm_svm": {"kmm_gamma": "positive", "kmm_B": "positive", "c": "positive"},
 }
+#: Spec spellings of the core's ``None``.
+NONE_WORDS = {"gamma": "auto", "pca_dim": "none"}
 BUILTIN_DATA = ("office_caltech10",)
 DEFAULT_OUTPUT_ROOT = "mmdtl2-studies"
 
@@ -245,19 +262,36 @@ def _int(where: str, key: str, v: Any, minimum: int = 0) -> int:
     return v
 
 
+def param_rules(method: str) -> dict[str, Any]:
+    """The parameters a method accepts in a spec, with their value rules."""
+    if method in EXTRA_PARAMS:
+        return EXTRA_PARAMS[method]
+    over = METHOD_PARAMS.get(method, {})
+    return {k: over.get(k, CORE_PARAMS.get(k, "scalar")) for k in CORE_DEFAULTS[method]}
+
+
+def core_params(params: dict) -> dict:
+    """Spec parameter values as the core takes them (``"auto"``/``"none"`` -> ``None``)."""
+    return {k: None if NONE_WORDS.get(k) == v else v for k, v in params.items()}
+
+
 def check_param(where: str, method: str, name: str, value: Any) -> None:
     """Validate one method parameter value; raise :class:`SpecError` naming the fix."""
-    rules = EXTRA_PARAMS.get(method, CORE_PARAMS)
+    rules = param_rules(method)
     if name not in rules:
         raise _err(where, f"method {method!r} has no parameter {name!r}; known: {sorted(rules)}.")
     rule = rules[name]
     ok = True
     if isinstance(rule, tuple):
-        ok = value in rule
+        ok = any(value == r and type(value) is type(r) for r in rule)
         expect = f"one of {rule}"
-    elif rule == "positive_int":
+    elif rule == "scalar":
+        ok = isinstance(value, str | bool) or _is_num(value)
+        expect = "a number, a string or a boolean"
+    elif rule in ("positive_int", "positive_int_or_none"):
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        expect = "a positive integer"
+        ok = ok or (rule == "positive_int_or_none" and value == "none")
+        expect = "a positive integer" + (' or "none"' if rule.endswith("none") else "")
     elif rule == "positive_or_auto":
         ok = value == "auto" or _is_num(value) and value > 0
         expect = "a positive number or 'auto'"
@@ -521,7 +555,7 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
                 "them (the paper drops source SVM and MMDT here too).",
             )
     if 0 in spc:
-        bad = [m.label for m in methods if m.method not in ("source_svm", "ncm")]
+        bad = [m.label for m in methods if m.method != "source_svm"]
         if bad:
             raise _err(
                 "splits",

@@ -118,7 +118,7 @@ def trial_metrics(payload: dict) -> list[tuple[str, float, int]]:
                     0,
                 )
             )
-    for name in ("wall_s", "solver_s", "load_s", "overhead_s"):
+    for name in ("wall_s", "solver_s", "slice_s"):
         if _finite(payload.get(name)):
             out.append((f"trial_{name}", float(payload[name]), 0))
     return out

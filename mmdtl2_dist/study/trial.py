@@ -5,8 +5,10 @@ per class, evaluated over *every* device pair and split of the study (a "unit" i
 pair and one split). Making a trial this coarse keeps Ray Tune's per-trial cost (seconds
 on 2 CPUs: actor start, result processing, experiment checkpoints) small next to the
 solver time; the units run one after the other inside the trial, or, with
-``[execution] split_tasks = k``, as ``k`` Ray tasks inside the trial's placement group
-(for clusters with more CPUs than trials).
+``[execution] split_tasks = k``, shared between the trial and ``k`` Ray tasks inside the
+trial's placement group (when a few trials dominate the study, as in the Office study
+whose single sample count gives one trial per method, or on clusters with more CPUs than
+trials).
 
 Data reach the trial **by path**: the plan (splits and row maps, written once by the
 driver to ``<output>/plan.pkl``) and the Gram stores are opened from shared storage, so
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmdtl2_dist.study.baselines import ncm_predict, skada_predict
+from mmdtl2_dist.study.baselines import skada_predict
 from mmdtl2_dist.study.splits import Split, labelled_subset
 
 INFO_KEYS = (
@@ -93,7 +95,9 @@ class Blocks:
     """Gram blocks and labels of one unit (the inputs of a method).
 
     Attributes are named as in the core's ``GramProblem``; ``yq`` are the test labels
-    (used only to score), ``Kst``/``Ksq`` are ``None`` unless both devices share a space.
+    (used only to score), ``Kst``/``Ksq`` are ``None`` unless both devices share a space,
+    ``Kqq`` (test x test, target space) is sliced only for methods that need it
+    (``mmdt_hoffman``'s transductive PCA).
     """
 
     ys: np.ndarray
@@ -105,6 +109,7 @@ class Blocks:
     sq_q: np.ndarray
     Kst: np.ndarray | None
     Ksq: np.ndarray | None
+    Kqq: np.ndarray | None = None
 
 
 class _DenseGram:
@@ -150,7 +155,13 @@ def _needed_rows(plan: StudyPlan, path: str) -> np.ndarray:
     return np.unique(np.concatenate(rows))
 
 
-def unit_blocks(plan: StudyPlan, pair: PairPlan, split: Split, n: int) -> tuple[Blocks, dict]:
+#: Methods that need the test x test block (transductive steps).
+NEEDS_KQQ = ("mmdt_hoffman",)
+
+
+def unit_blocks(
+    plan: StudyPlan, pair: PairPlan, split: Split, n: int, need_qq: bool = False
+) -> tuple[Blocks, dict]:
     """Slice the blocks of one unit; also return the rows used (for feature methods)."""
     t_local = labelled_subset(split, pair.y_target, n) if n > 0 else np.zeros(0, np.int64)
     s_local, q_local = split.source_train, split.target_test
@@ -170,6 +181,7 @@ def unit_blocks(plan: StudyPlan, pair: PairPlan, split: Split, n: int) -> tuple[
         sq_q=gt.sq[gt.pos(q)],
         Kst=Kst,
         Ksq=Ksq,
+        Kqq=gt.block(q, q) if need_qq else None,
     )
     return blocks, {
         "source": s_local,
@@ -183,7 +195,15 @@ def _core_problem(b: Blocks):
     from mmdtl2_dist.core.methods import GramProblem
 
     return GramProblem(
-        ys=b.ys, yt=b.yt, Kss=b.Kss, Ktt=b.Ktt, Ktq=b.Ktq, sq_q=b.sq_q, Kst=b.Kst, Ksq=b.Ksq
+        ys=b.ys,
+        yt=b.yt,
+        Kss=b.Kss,
+        Ktt=b.Ktt,
+        Ktq=b.Ktq,
+        sq_q=b.sq_q,
+        Kst=b.Kst,
+        Ksq=b.Ksq,
+        Kqq=b.Kqq,
     )
 
 
@@ -210,21 +230,28 @@ def _select_grid(params: dict, select: dict) -> list[dict]:
 def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) -> dict:
     """Fit and score one method configuration on one (pair, split).
 
+    Core methods go through :func:`mmdtl2_dist.core.methods.fit_predict`; with a
+    ``select`` grid, :func:`mmdtl2_dist.core.selection.select_by_cv` first chooses the
+    selected parameters by cross-validation on the labelled target samples of the unit
+    (the test samples are never seen), and the unit records what it chose.
+
     Returns
     -------
     dict
         ``pair``, ``split``, ``accuracy``, ``per_class`` (recall per test class),
-        ``n_test``, ``fit_s``, ``slice_s``, ``info`` (the method's diagnostics) and
-        ``chosen`` (parameters picked by cross-validation, if any).
+        ``n_test``, ``fit_s`` (the method, CV included), ``cv_s`` (CV alone),
+        ``slice_s``, ``info`` (the method's diagnostics), ``chosen`` (parameters picked
+        by cross-validation, if any) and ``cv_accuracy`` (their CV score, or None).
     """
+    from mmdtl2_dist.study.spec import core_params
+
+    method = trial["method"]
     t0 = time.perf_counter()
-    blocks, rows = unit_blocks(plan, pair, split, trial["n_per_class"])
+    blocks, rows = unit_blocks(plan, pair, split, trial["n_per_class"], method in NEEDS_KQQ)
     t1 = time.perf_counter()
-    method, params, select = trial["method"], dict(trial["params"]), trial.get("select") or {}
-    chosen = {}
-    if method == "ncm":
-        y_pred, info = ncm_predict(blocks, params)
-    elif method in ("coral_svm", "sa_svm"):
+    params, select = core_params(dict(trial["params"])), trial.get("select") or {}
+    chosen, cv_acc, cv_s = {}, None, 0.0
+    if method in ("coral_svm", "sa_svm", "kmm_svm"):
         y_pred, info = _skada_unit(pair, rows, blocks, method, params)
     else:
         from mmdtl2_dist.core.methods import fit_predict
@@ -233,9 +260,13 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
         if select:
             from mmdtl2_dist.core.selection import select_by_cv
 
-            best, _ = select_by_cv(method, _select_grid(params, select), problem)
-            chosen = {k: _plain(best[k]) for k in select}
-            params = {**params, **chosen}
+            grid = [core_params(g) for g in _select_grid(params, select)]
+            best, table = select_by_cv(method, grid, problem)
+            chosen = {k: _plain(trial_value(best[k], k)) for k in select}
+            row = next(r for r in table if r["params"] == best)
+            cv_acc = row["cv_accuracy"]
+            params = best
+            cv_s = time.perf_counter() - t1
         out = fit_predict(method, params, problem)
         y_pred, info = out.y_pred, out.info
     fit_s = time.perf_counter() - t1
@@ -251,10 +282,19 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
         "n_test": int(blocks.yq.size),
         "n_labelled": int(blocks.yt.size),
         "fit_s": fit_s,
+        "cv_s": cv_s,
         "slice_s": t1 - t0,
         "info": {k: _plain(info[k]) for k in INFO_KEYS if k in info},
         "chosen": chosen,
+        "cv_accuracy": cv_acc,
     }
+
+
+def trial_value(v, name: str):
+    """A core parameter value as a spec writes it (``None`` -> ``"auto"``/``"none"``)."""
+    from mmdtl2_dist.study.spec import NONE_WORDS
+
+    return NONE_WORDS.get(name, v) if v is None else v
 
 
 @lru_cache(maxsize=8)
@@ -300,8 +340,21 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0) -> dict:
     trial : dict
         :meth:`TrialSpec.to_dict`.
     split_tasks : int
-        0: units in this process; k > 0: ``k`` Ray tasks of one CPU each.
+        0: every unit in this process. k > 0: the units are dealt round-robin into
+        ``k + 1`` shares; ``k`` Ray tasks of one CPU each (in the trial's placement group)
+        take one share each while this process works through the last one, so a single
+        trial keeps ``k + 1`` CPUs busy.
+
+    Returns
+    -------
+    dict
+        The trial (:meth:`TrialSpec.to_dict`), ``units`` (per-unit results), ``accuracy``
+        and ``accuracy_std`` over units, and timings: ``wall_s`` (the trial, start to
+        end), ``solver_s`` (sum of the units' method fits, CV included), ``slice_s`` (sum
+        of Gram loading and slicing), ``t_start``/``t_end`` (epoch seconds, for the
+        study's slot accounting) and ``cpus`` (processes that worked on it).
     """
+    t_start = time.time()
     t0 = time.perf_counter()
     plan = load_plan(plan_path)
     units = all_units(plan)
@@ -309,18 +362,14 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0) -> dict:
         import ray
 
         remote = ray.remote(num_cpus=1, max_retries=2)(run_units)
-        chunks = [units[i::split_tasks] for i in range(split_tasks) if units[i::split_tasks]]
-        results = [
-            r
-            for part in ray.get([remote.remote(plan_path, trial, c) for c in chunks])
-            for r in part
-        ]
+        shares = [units[i :: split_tasks + 1] for i in range(split_tasks + 1)]
+        refs = [remote.remote(plan_path, trial, c) for c in shares[:-1] if c]
+        results = run_units(plan_path, trial, shares[-1])
+        results += [r for part in ray.get(refs) for r in part]
         results.sort(key=lambda r: (r["pair"], r["split"]))
     else:
         results = run_units(plan_path, trial, units)
     wall = time.perf_counter() - t0
-    solver = float(sum(r["fit_s"] for r in results))
-    load = float(sum(r["slice_s"] for r in results))
     acc = np.array([r["accuracy"] for r in results])
     return {
         **trial,
@@ -328,9 +377,11 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0) -> dict:
         "accuracy": float(acc.mean()),
         "accuracy_std": float(acc.std(ddof=1)) if acc.size > 1 else 0.0,
         "wall_s": wall,
-        "solver_s": solver,
-        "load_s": load,
-        "overhead_s": max(wall - solver - load, 0.0),
+        "solver_s": float(sum(r["fit_s"] for r in results)),
+        "slice_s": float(sum(r["slice_s"] for r in results)),
+        "t_start": t_start,
+        "t_end": time.time(),
+        "cpus": 1 + split_tasks,
     }
 
 
