@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "mmdtl2_dist.commands.synth",
     "mmdtl2_dist.commands.gram",
     "mmdtl2_dist.commands.study",
+    "mmdtl2_dist.commands.register",
+    "mmdtl2_dist.commands.predict",
 ]
 
 

@@ -1,0 +1,174 @@
+r"""``mmdtl2 register``: fit a study's chosen adapter and register it in MLflow.
+
+Examples
+--------
+The best MMDTL2 configuration of a study by its mean accuracy on the pair, as version
+N+1 of ``polyp-adapter`` with the alias ``champion``::
+
+    mmdtl2 register mmdtl2-studies/nbi_conv3 --name polyp-adapter --pair lucera->elite
+
+Explicit parameters instead of the best trial::
+
+    mmdtl2 register mmdtl2-studies/nbi_conv3 --name polyp-adapter --method mmdtl2 \
+        --param kernel=rbf --param c_d=1.0 --alias challenger
+
+Then ``mmdtl2 predict --model models:/polyp-adapter@champion features.npy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parse_param(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, true), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--param wants KEY=VALUE, got {text!r}; e.g. --param c_d=0.5.")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def parse_select(text: str) -> tuple[str, list]:
+    """``KEY=V1,V2,...`` for a cross-validation grid."""
+    key, sep, values = text.partition("=")
+    if not sep or not key or not values:
+        raise ValueError(f"--select wants KEY=V1,V2,..., got {text!r}; e.g. --select c_d=0.1,1.")
+    return key.strip(), [parse_param(f"{key}={v}")[1] for v in values.split(",")]
+
+
+def run(args: argparse.Namespace) -> int:
+    from mmdtl2_dist.deploy.registry import register_adapter
+    from mmdtl2_dist.deploy.training import (
+        best_trial,
+        choose_pair,
+        explicit_config,
+        fit_adapter,
+        open_study,
+        pair_metric,
+        study_pairs,
+    )
+
+    handle = open_study(args.study, tracking_uri=args.tracking_uri)
+    source, target = choose_pair(handle, args.pair)
+    pm = pair_metric(source, target)
+    if args.method is not None:
+        if args.metric or args.label:
+            raise ValueError("--metric/--label choose a trial; leave them out with --method.")
+        params = dict(parse_param(p) for p in args.param)
+        select = dict(parse_select(s) for s in args.select)
+        cfg = explicit_config(handle, args.method, params, select, pair_metric_name=pm)
+    else:
+        if args.param or args.select:
+            raise ValueError("--param/--select need --method (explicit parameters).")
+        metric = args.metric
+        if metric is None:
+            metric = pm if len(study_pairs(handle)) > 1 else "accuracy"
+        cfg = best_trial(handle, metric, label=args.label, pair_metric_name=pm)
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say(
+        f"register: {cfg.selected_by}: {cfg.method} {json.dumps(cfg.params, default=str)}"
+        + (f" ({cfg.label}, {cfg.metric} = {cfg.metric_value:.4f})" if cfg.metric else "")
+    )
+    say(f"register: fitting on all labelled samples of {source} -> {target} ...")
+    fitted = fit_adapter(handle, (source, target), cfg)
+    mv = register_adapter(
+        handle,
+        cfg,
+        fitted,
+        name=args.name,
+        alias=None if args.no_alias else args.alias,
+        export_w=args.export_w,
+    )
+    if args.no_alias:
+        uri, note = f"models:/{args.name}/{mv.version}", ""
+    else:
+        uri, note = f"models:/{args.name}@{args.alias}", f" (alias {args.alias!r})"
+    print(f"registered {args.name!r} version {mv.version}{note}")
+    print(f"model:    {uri}")
+    print(f"tracking: {handle.tracking_uri}")
+    print(
+        f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mlflow models serve -m {uri} "
+        "--env-manager local -h 127.0.0.1 -p 5001"
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "register",
+        help="fit a study's chosen adapter on all labelled data and register it in MLflow",
+        description=(
+            "Choose a configuration (the study's best MMDTL2/MMDT trial by --metric, or "
+            "explicit --method/--param), fit it on every labelled sample of the pair's "
+            "source and target devices with the study's preprocessing, log it as an MLflow "
+            "pyfunc model, register it as the next version of --name and point --alias at "
+            "it. The version's tags and description record the study, data fingerprint, "
+            "parameters and the study's accuracy for the configuration."
+        ),
+        epilog=(
+            "examples:\n"
+            "  mmdtl2 register mmdtl2-studies/office_caltech10 --name office-adapter "
+            "--pair amazon->webcam\n"
+            "  mmdtl2 register STUDY --name NAME --method mmdtl2 --param kernel=rbf "
+            "--param c_d=1 --alias challenger"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("study", help="study folder written by `mmdtl2 study run` (its output)")
+    p.add_argument("--name", required=True, help="registered model name")
+    p.add_argument("--alias", default="champion", help="alias to set (default: champion)")
+    p.add_argument("--no-alias", action="store_true", help="register without moving an alias")
+    p.add_argument(
+        "--pair",
+        default=None,
+        help="SOURCE->TARGET device pair (required when the study has several pairs)",
+    )
+    p.add_argument(
+        "--metric",
+        default=None,
+        help=(
+            "trial metric to maximise (default: accuracy_pair/<pair> when the study has "
+            "several pairs, else accuracy)"
+        ),
+    )
+    p.add_argument("--label", default=None, help="only trials of this method label")
+    p.add_argument(
+        "--method",
+        choices=("mmdtl2", "mmdt"),
+        default=None,
+        help="explicit configuration instead of the best trial",
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="explicit parameter (repeat), e.g. --param kernel=rbf --param c_d=0.5",
+    )
+    p.add_argument(
+        "--select",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="choose KEY among values by cross-validation on the labelled target samples",
+    )
+    p.add_argument(
+        "--export-w",
+        action="store_true",
+        help="also log the explicit transform W as W/W.npy of the run (linear kernel, small L)",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help=(
+            "MLflow tracking and registry URI (default: the spec's, else "
+            "MLFLOW_TRACKING_URI, else sqlite:///<study>/mlflow.db)"
+        ),
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)

@@ -1,0 +1,100 @@
+"""MLflow "models from code" definition of a deployed MMDTL2 adapter.
+
+MLflow copies this file into the logged model and executes it when the model is loaded
+(``mlflow.pyfunc.load_model``, ``mlflow models serve``); nothing is pickled. The fitted
+state is the artifact folder ``adapter``, written by :meth:`AdapterState.save`:
+
+- ``adapter.npz``: the arrays (``np.load(..., allow_pickle=False)``): the M preprocessed
+  training target samples ``X_train`` (M, Lt), the coefficients ``P`` (K, M) and ``b``
+  (K,), the optional prior term ``V``, the preprocessing statistics;
+- ``adapter.json``: the format tag, class labels, kernel parameters, preprocessing method,
+  feature-space name and feature dimension.
+
+``model_config`` (in the ``MLmodel`` file) holds descriptive fields: ``class_names``,
+``target_device``, ``source_device``, ``study``.
+
+The scoring code is :class:`mmdtl2_dist.core.adapter.AdapterState`, shipped with the model
+as ``code_paths`` (numpy only), so a served model scores exactly as the in-process
+estimator.
+
+Input: a float array (n, Lt) of raw target-device features (``{"inputs": [[...]]}`` when
+served). Output: a table with ``class`` (class name), ``label`` (class label) and one
+``score_<class name>`` column per class (the decision values ``P k(x̂) + b``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import set_model
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.pyfunc import PythonModel
+
+from mmdtl2_dist.core.adapter import AdapterState
+
+
+def class_names_of(adapter: AdapterState, model_config: dict | None) -> list[str]:
+    """Class names from the model configuration, else the labels as strings."""
+    names = list((model_config or {}).get("class_names") or [])
+    if len(names) != len(adapter.classes):
+        names = [str(c) for c in adapter.classes.tolist()]
+    return names
+
+
+def predictions_frame(adapter: AdapterState, scores: np.ndarray, names: list[str]) -> pd.DataFrame:
+    """The output table: ``class``, ``label`` and ``score_<name>`` per class."""
+    best = np.argmax(scores, axis=1)
+    out = {"class": np.asarray(names, dtype=object)[best], "label": adapter.classes[best]}
+    for k, name in enumerate(names):
+        out[f"score_{name}"] = scores[:, k]
+    return pd.DataFrame(out)
+
+
+def as_feature_matrix(model_input) -> np.ndarray:
+    """The request as a C-ordered array (from a DataFrame, a list of rows or an array).
+
+    C order matters for exactness: the kernel block ``X_train @ Xp.T`` of a column-major
+    copy (what ``DataFrame.to_numpy`` gives) can differ from the estimator's in the last
+    bit.
+    """
+    if isinstance(model_input, pd.DataFrame):
+        if len(model_input.columns) == 1 and model_input.dtypes.iloc[0].kind == "O":
+            model_input = model_input.iloc[:, 0].tolist()  # one list-valued column
+        else:
+            model_input = model_input.to_numpy()
+    if isinstance(model_input, dict):
+        if len(model_input) != 1:
+            raise ValueError(
+                f"expected one input tensor, got named inputs {sorted(model_input)}; "
+                'send {"inputs": [[...], ...]} with one row per sample.'
+            )
+        model_input = next(iter(model_input.values()))
+    return np.ascontiguousarray(model_input)
+
+
+class AdapterModel(PythonModel):
+    """Raw target features in, class and scores out (see the module docstring)."""
+
+    def load_context(self, context):
+        self.adapter = AdapterState.load(os.path.join(context.artifacts["adapter"], "adapter"))
+        self.names = class_names_of(self.adapter, context.model_config)
+
+    def predict(self, context, model_input, params=None):
+        try:
+            X = as_feature_matrix(model_input)
+            scores = self.adapter.decision_function(X)
+        except ValueError as exc:
+            # MlflowException with this code makes the scoring server answer 400 with the
+            # message; any other exception would be a generic 400 without it.
+            raise MlflowException(
+                f"invalid input for the MMDTL2 adapter ({self.adapter.feature_space}, "
+                f"{self.adapter.n_features} features): {exc}",
+                error_code=INVALID_PARAMETER_VALUE,
+            ) from exc
+        return predictions_frame(self.adapter, scores, self.names)
+
+
+set_model(AdapterModel())

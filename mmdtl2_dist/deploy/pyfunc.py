@@ -1,0 +1,161 @@
+"""Log a fitted adapter as a self-contained MLflow pyfunc model ("models from code").
+
+Layout of a logged model (``<artifact root>/.../artifacts`` of an MLflow LoggedModel)::
+
+    MLmodel                  flavor python_function; python_model: model_code.py;
+                             model_config (class names, devices, feature space, study)
+    model_code.py            the pyfunc class (copied from mmdtl2_dist/deploy/model_code.py)
+    artifacts/adapter/adapter.npz    X_train (M, Lt), P (K, M), b (K,), [V], [pre_mean,
+                                     pre_scale] (np.savez; loaded with allow_pickle=False)
+    artifacts/adapter/adapter.json   format, classes, kernel, preprocessing, feature space,
+                                     n_features
+    code/mmdtl2_dist/...     the scoring code: AdapterState, kernels, preprocessing (numpy)
+    requirements.txt, python_env.yaml, conda.yaml
+    input_example.json, serving_input_example.json
+
+Why these requirements
+----------------------
+``mmdtl2-dist`` is not on PyPI, so it cannot be a pip requirement that installs anywhere.
+Scoring needs only :class:`~mmdtl2_dist.core.adapter.AdapterState` and the two modules it
+imports, which use numpy alone; they travel with the model as ``code_paths`` (prepended
+to ``sys.path`` at load time). The requirements are therefore the pinned versions of what
+the model code imports — ``mlflow``, ``numpy``, ``pandas`` — which install from PyPI into
+a fresh virtualenv (``--env-manager virtualenv``) as well as being what ``--env-manager
+local`` finds in this project's environment. Nothing is pickled: the model is code plus
+an ``.npz`` of plain arrays and JSON.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from mmdtl2_dist.core.adapter import AdapterState
+
+#: The model-from-code file logged with every adapter.
+MODEL_CODE = Path(__file__).resolve().with_name("model_code.py")
+#: Modules of this package that the model code needs (relative to the package root).
+SHIPPED_MODULES = (
+    "__init__.py",
+    "core/errors.py",
+    "core/kernels.py",
+    "core/preprocessing.py",
+    "core/adapter.py",
+)
+
+
+def pip_requirements() -> list[str]:
+    """Pinned requirements of the model code (see the module docstring)."""
+    import mlflow
+    import pandas as pd
+
+    return [
+        f"mlflow=={mlflow.__version__}",
+        f"numpy=={np.__version__}",
+        f"pandas=={pd.__version__}",
+    ]
+
+
+def class_names_for(adapter: AdapterState, names: list[str] | None) -> list[str]:
+    """Unique, non-empty class names (one per class), else the labels as strings."""
+    if names is not None:
+        names = [str(n) for n in names]
+        if len(names) != len(adapter.classes):
+            raise ValueError(
+                f"{len(names)} class names for {len(adapter.classes)} classes; give one name "
+                "per entry of adapter.classes, in that order."
+            )
+        if all(names) and len(set(names)) == len(names):
+            return names
+    return [str(c) for c in adapter.classes.tolist()]
+
+
+def adapter_signature(adapter: AdapterState, class_names: list[str]):
+    """Input: a float64 tensor (-1, Lt). Output: class, label and one score per class."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema, TensorSpec
+
+    label_type = "string" if adapter.classes.dtype.kind in "US" else "long"
+    outputs = [ColSpec("string", "class"), ColSpec(label_type, "label")]
+    outputs += [ColSpec("double", f"score_{n}") for n in class_names]
+    return ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype(np.float64), (-1, adapter.n_features))]),
+        outputs=Schema(outputs),
+    )
+
+
+def stage_code(folder: Path) -> Path:
+    """Copy :data:`SHIPPED_MODULES` into ``folder/mmdtl2_dist``; return that package path."""
+    import mmdtl2_dist
+
+    src = Path(mmdtl2_dist.__file__).resolve().parent
+    dst = Path(folder) / "mmdtl2_dist"
+    for rel in SHIPPED_MODULES:
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, dst / rel)
+    return dst
+
+
+def log_adapter(
+    adapter: AdapterState,
+    *,
+    name: str = "adapter",
+    class_names: list[str] | None = None,
+    input_example: np.ndarray | None = None,
+    model_config: dict | None = None,
+    tags: dict | None = None,
+):
+    """Log ``adapter`` as a pyfunc model in the active MLflow run (or a new LoggedModel).
+
+    Parameters
+    ----------
+    adapter : AdapterState
+        The fitted scoring state (``MMDTL2().fit(...).adapter_``).
+    name : str
+        Name of the logged model.
+    class_names : list of str, optional
+        One name per ``adapter.classes`` entry (default: the labels).
+    input_example : ndarray (n, Lt), optional
+        Raw target features; the first row is stored (default: a row of zeros, since
+        the adapter holds only *preprocessed* training samples).
+    model_config : dict, optional
+        Extra descriptive fields stored in ``MLmodel`` (devices, study...).
+    tags : dict, optional
+        Tags of the logged model.
+
+    Returns
+    -------
+    mlflow.models.model.ModelInfo
+        ``model_uri`` is what :func:`mlflow.register_model` takes.
+    """
+    import mlflow
+
+    names = class_names_for(adapter, class_names)
+    if input_example is None:
+        input_example = np.zeros((1, adapter.n_features))
+    input_example = np.asarray(input_example, dtype=np.float64)[:1]
+    config = {
+        "class_names": names,
+        "feature_space": adapter.feature_space,
+        "n_features": adapter.n_features,
+        **(model_config or {}),
+    }
+    with tempfile.TemporaryDirectory(prefix="mmdtl2-adapter-") as tmp:
+        folder = Path(tmp) / "adapter"
+        folder.mkdir()
+        adapter.save(folder / "adapter")
+        code = stage_code(Path(tmp) / "code")
+        return mlflow.pyfunc.log_model(
+            name=name,
+            python_model=str(MODEL_CODE),
+            artifacts={"adapter": str(folder)},
+            code_paths=[str(code)],
+            signature=adapter_signature(adapter, names),
+            input_example=input_example,
+            pip_requirements=pip_requirements(),
+            model_config=config,
+            tags=tags,
+        )

@@ -1,0 +1,214 @@
+"""Register a fitted adapter in the MLflow model registry, with its provenance.
+
+Each registration:
+
+1. opens a run ``register <name>`` (tag ``mmdtl2_role = register``) in the study's
+   experiment, with the parameters that were fitted;
+2. logs the adapter as a pyfunc model in it (:func:`mmdtl2_dist.deploy.pyfunc.log_adapter`)
+   and, on request, the explicit transform ``W`` as the run artifact ``W/W.npy``;
+3. registers the model under ``name`` (a new version each time: 1, 2, ...), writes what it
+   was trained on into the version's tags and description, and points ``alias`` at it.
+
+Registering again creates the next version and moves the alias; earlier versions, their
+tags and other aliases are left as they are. Stages are deprecated in MLflow 3: only
+aliases are used (``models:/NAME@ALIAS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+ROLE_REGISTER = "register"
+MAX_TAG = 5000
+
+
+@contextmanager
+def use_tracking_uri(uri: str | None):
+    """Use ``uri`` for tracking and registry inside the block, then restore the old URIs.
+
+    A library call must not change the process-wide URIs for good.
+    """
+    import mlflow
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    if not uri:
+        yield
+        return
+    # set_*_uri also export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI: restore those too.
+    env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    old_t = getattr(tracking_utils, "_tracking_uri", None)
+    old_r = getattr(registry_utils, "_registry_uri", None)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(old_t)
+        registry_utils._registry_uri = old_r
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _tag(v) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+    return s[:MAX_TAG]
+
+
+def version_tags(handle, cfg, fitted) -> dict[str, str]:
+    """What a model version records about its training (all strings)."""
+    from mmdtl2_dist.study.tracking import code_version
+
+    spec = handle.spec
+    tags = {
+        "study": spec.name,
+        "study_folder": str(handle.folder),
+        "spec_fingerprint": spec.fingerprint(),
+        "data_fingerprint": fitted.store_fingerprint,
+        "pair": f"{fitted.source}->{fitted.target}",
+        "source_device": fitted.source,
+        "target_device": fitted.target,
+        "source_space": spec.source_space,
+        "target_space": spec.target_space,
+        "preprocessing": spec.preprocessing,
+        "method": cfg.method,
+        "params": fitted.full_params,
+        "selected_by": cfg.selected_by,
+        "n_train_source": str(fitted.n_source),
+        "n_train_target": str(fitted.n_target),
+        "n_features": str(fitted.estimator.adapter_.n_features),
+        "classes": fitted.class_names,
+        "study_accuracy": {str(k): v for k, v in cfg.study_accuracy.items()},
+        "code_version": code_version(),
+    }
+    if cfg.select:
+        tags["select_grid"] = cfg.select
+        tags["selected_params"] = fitted.selected_params
+    for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):
+        v = getattr(cfg, key)
+        if v is not None:
+            tags[{"run_id": "trial_run_id", "label": "study_label"}.get(key, key)] = str(v)
+    if cfg.metric_value is not None:
+        tags["metric_value"] = repr(cfg.metric_value)
+    return {k: _tag(v) for k, v in tags.items()}
+
+
+def version_description(handle, cfg, fitted) -> str:
+    """A few sentences for the model version's description."""
+    spec = handle.spec
+    p = json.dumps(fitted.full_params, sort_keys=True, default=str)
+    s = (
+        f"MMDTL2 adapter {fitted.source} ({spec.source_space}) -> {fitted.target} "
+        f"({spec.target_space}), {len(fitted.class_names)} classes, "
+        f"{fitted.estimator.adapter_.n_features} target features, preprocessing "
+        f"{spec.preprocessing}. Fitted on all {fitted.n_source} source and {fitted.n_target} "
+        f"target labelled samples of study {spec.name!r} (store fingerprint "
+        f"{fitted.store_fingerprint}). Method {cfg.method}, parameters {p}"
+    )
+    if fitted.selected_params:
+        s += f", chosen by cross-validation: {json.dumps(fitted.selected_params, default=str)}"
+    s += f". Configuration: {cfg.selected_by}"
+    if cfg.metric_value is not None:
+        s += (
+            f" ({cfg.label!r}, n = {cfg.n_per_class} labelled target samples per class: "
+            f"{cfg.metric} = {cfg.metric_value:.4f})"
+        )
+    if cfg.study_accuracy:
+        acc = ", ".join(
+            f"n={n}: {100 * r['accuracy']:.2f} %"
+            for n, r in cfg.study_accuracy.items()
+            if "accuracy" in r
+        )
+        s += f". Study accuracy of this configuration (mean over pairs and splits): {acc}"
+    else:
+        s += ". The study did not evaluate this configuration"
+    return s + "."
+
+
+def register_adapter(
+    handle,
+    cfg,
+    fitted,
+    *,
+    name: str,
+    alias: str | None = "champion",
+    export_w: bool = False,
+    await_s: int = 300,
+):
+    """Log, register and alias a fitted adapter (see the module docstring).
+
+    Returns
+    -------
+    mlflow.entities.model_registry.ModelVersion
+        The new version (with its tags and description).
+    """
+    from mlflow.tracking import MlflowClient
+
+    if not name or any(c in name for c in "/@:"):
+        raise ValueError(f"model name must be non-empty without '/', '@' or ':', got {name!r}.")
+    if alias is not None and (not alias or not alias.replace("_", "").replace("-", "").isalnum()):
+        raise ValueError(f"alias must be letters, digits, '_' or '-', got {alias!r}.")
+    if alias is not None and alias.lower() == "latest":
+        raise ValueError("'latest' is reserved by MLflow; choose another alias, e.g. champion.")
+    client = MlflowClient(tracking_uri=handle.tracking_uri, registry_uri=handle.tracking_uri)
+    exp = client.get_experiment_by_name(handle.experiment)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(handle.experiment)
+    tags = version_tags(handle, cfg, fitted)
+    W = fitted.estimator.transform_matrix() if export_w else None  # fails before logging
+    with use_tracking_uri(handle.tracking_uri):
+        return _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s)
+
+
+def _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s):
+    import mlflow
+
+    from mmdtl2_dist.deploy.pyfunc import log_adapter
+    from mmdtl2_dist.study.tracking import ROLE_TAG, STUDY_TAG
+
+    with mlflow.start_run(
+        experiment_id=exp_id,
+        run_name=f"register {name}",
+        tags={ROLE_TAG: ROLE_REGISTER, STUDY_TAG: handle.spec.name, "registered_model": name},
+    ) as run:
+        mlflow.log_params({k: str(v)[:6000] for k, v in fitted.full_params.items()})
+        mlflow.set_tags({k: v for k, v in tags.items() if k not in ("params",)})
+        info = log_adapter(
+            fitted.estimator.adapter_,
+            class_names=fitted.class_names,
+            input_example=fitted.example,
+            model_config={
+                "source_device": fitted.source,
+                "target_device": fitted.target,
+                "study": handle.spec.name,
+            },
+        )
+        if W is not None:
+            log_matrix(W, run.info.run_id, client)
+    mv = mlflow.register_model(info.model_uri, name, await_registration_for=await_s, tags=tags)
+    client.update_model_version(
+        name, mv.version, description=version_description(handle, cfg, fitted)
+    )
+    if alias is not None:
+        client.set_registered_model_alias(name, alias, mv.version)
+    return client.get_model_version(name, mv.version)
+
+
+def log_matrix(W: np.ndarray, run_id: str, client) -> None:
+    """Log the explicit ``W`` (Ls, Lt + 1) as the run artifact ``W/W.npy``.
+
+    ``W`` comes from :meth:`MMDTL2.transform_matrix`, which refuses non-linear kernels and
+    matrices over its size limit.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "W.npy"
+        np.save(path, W, allow_pickle=False)
+        client.log_artifact(run_id, str(path), artifact_path="W")

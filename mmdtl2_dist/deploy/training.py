@@ -1,0 +1,355 @@
+"""Choose a study's configuration and fit the adapter to deploy on all its labelled data.
+
+A study evaluates configurations on random splits; the adapter that goes to the device-B
+workstation is fitted once more, with the chosen configuration, on **every** labelled
+sample of the pair's source device (source space) and target device (target space), with
+the study's per-device preprocessing (statistics over all samples of each device, as in
+the study; see :mod:`mmdtl2_dist.core.preprocessing`).
+
+The configuration comes either from the study's best trial by a named metric (its MLflow
+child runs, found by the study's spec fingerprint) or from explicit parameters. Only
+methods whose fitted state is an :class:`~mmdtl2_dist.core.adapter.AdapterState` can be
+deployed: ``mmdtl2`` and ``mmdt`` (MMDTL2 with ``c_f = 1``, ``c_d = 0``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DEPLOYABLE = ("mmdtl2", "mmdt")
+
+
+@dataclass(frozen=True)
+class StudyHandle:
+    """A finished (or partial) study: its spec, feature store and MLflow experiment."""
+
+    spec: object  # mmdtl2_dist.study.spec.StudySpec
+    store: Path
+    tracking_uri: str
+    experiment: str
+
+    @property
+    def folder(self) -> Path:
+        return self.spec.output
+
+
+@dataclass
+class ChosenConfig:
+    """The configuration to deploy and what the study measured for it.
+
+    Attributes
+    ----------
+    method : str
+        ``mmdtl2`` or ``mmdt``.
+    params : dict
+        Parameters as the spec writes them (``"auto"`` for a data-driven gamma).
+    select : dict
+        Cross-validation grid (chosen again, on all labelled target samples, at fit time).
+    selected_by : str
+        ``"best trial by <metric>"`` or ``"explicit parameters"``.
+    label, trial_key, run_id : str or None
+        The trial the configuration was taken from (best-trial mode), else None.
+    metric, metric_value : str, float or None
+        The ranking metric and the chosen trial's value of it.
+    study_accuracy : dict
+        ``{n_per_class: {"accuracy": ..., "accuracy_std": ..., "<metric>": ...}}`` of
+        every finished trial of this configuration (empty if the study never ran it).
+    data_fingerprint : str or None
+        The feature-store fingerprint the study's trials were run on.
+    """
+
+    method: str
+    params: dict
+    select: dict
+    selected_by: str
+    label: str | None = None
+    trial_key: str | None = None
+    run_id: str | None = None
+    metric: str | None = None
+    metric_value: float | None = None
+    n_per_class: int | None = None
+    study_accuracy: dict = field(default_factory=dict)
+    data_fingerprint: str | None = None
+
+
+def open_study(folder: str | Path, tracking_uri: str | None = None) -> StudyHandle:
+    """Open a study folder written by ``mmdtl2 study run``.
+
+    The tracking URI is, in order: ``tracking_uri``, the spec's ``[tracking] uri``, the
+    ``MLFLOW_TRACKING_URI`` environment variable, the study's own
+    ``sqlite:///<folder>/mlflow.db``.
+    """
+    from mmdtl2_dist.study.runner import load_state_spec, prepare_data, tracker_config
+
+    spec = load_state_spec(folder)
+    uri = tracking_uri or spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    cfg = tracker_config(spec, uri)
+    store, _ = prepare_data(spec)
+    return StudyHandle(spec, Path(store), cfg["tracking_uri"], cfg["experiment"])
+
+
+def study_pairs(handle: StudyHandle) -> list[tuple[str, str]]:
+    """The study's (source, target) device pairs, checked against its store."""
+    from mmdtl2_dist.store.feature_store import FeatureStore
+    from mmdtl2_dist.study.runner import resolve_pairs
+
+    return resolve_pairs(handle.spec, FeatureStore.open(handle.store))
+
+
+def choose_pair(handle: StudyHandle, pair: str | None) -> tuple[str, str]:
+    """The (source, target) devices: ``pair`` (``"SRC->TGT"``) or the study's only pair."""
+    pairs = study_pairs(handle)
+    names = [f"{s}->{t}" for s, t in pairs]
+    if pair is None:
+        if len(pairs) != 1:
+            raise ValueError(
+                f"the study has {len(pairs)} device pairs; choose one with --pair (one of {names})."
+            )
+        return pairs[0]
+    if pair not in names:
+        raise ValueError(f"pair {pair!r} is not in the study; its pairs are {names}.")
+    return pairs[names.index(pair)]
+
+
+def pair_metric(source: str, target: str) -> str:
+    """The MLflow metric of a trial's mean accuracy on one pair."""
+    from mmdtl2_dist.study.tracking import _metric_key
+
+    return f"accuracy_pair/{_metric_key(f'{source}->{target}')}"
+
+
+def _trial_runs(handle: StudyHandle) -> list:
+    from mlflow.tracking import MlflowClient
+
+    from mmdtl2_dist.study.tracking import FINGERPRINT_TAG, ROLE_TAG
+
+    client = MlflowClient(tracking_uri=handle.tracking_uri)
+    exp = client.get_experiment_by_name(handle.experiment)
+    if exp is None:
+        raise ValueError(
+            f"no MLflow experiment {handle.experiment!r} at {handle.tracking_uri}; run the "
+            "study first, or pass --tracking-uri where its runs are."
+        )
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=(
+            f"tags.{ROLE_TAG} = 'trial' and tags.{FINGERPRINT_TAG} = "
+            f"'{handle.spec.fingerprint()}' and attributes.status = 'FINISHED'"
+        ),
+        max_results=50_000,
+    )
+    return runs
+
+
+def _trials_by_key(handle: StudyHandle) -> dict:
+    return {t.key: t for t in handle.spec.trials()}
+
+
+def _accuracy_table(runs: list, keys: set[str], metric: str | None) -> dict:
+    from mmdtl2_dist.study.tracking import KEY_TAG
+
+    table = {}
+    for r in runs:
+        if r.data.tags.get(KEY_TAG) in keys:
+            m = r.data.metrics
+            row = {k: m[k] for k in ("accuracy", "accuracy_std") if k in m}
+            if metric and metric in m:
+                row[metric] = m[metric]
+            table[int(r.data.params.get("n_per_class", -1))] = row
+    return dict(sorted(table.items()))
+
+
+def best_trial(
+    handle: StudyHandle, metric: str, *, label: str | None = None, pair_metric_name=None
+) -> ChosenConfig:
+    """The deployable trial with the highest ``metric`` (ties: fewer labelled samples).
+
+    Parameters
+    ----------
+    metric : str
+        An MLflow metric of the trial runs, e.g. ``accuracy`` or
+        ``accuracy_pair/amazon_to_webcam``.
+    label : str, optional
+        Restrict to one method column of the study (its label, grid point included).
+    """
+    from mmdtl2_dist.study.tracking import KEY_TAG
+
+    trials = _trials_by_key(handle)
+    runs = _trial_runs(handle)
+    cands = []
+    for r in runs:
+        t = trials.get(r.data.tags.get(KEY_TAG))
+        if t is None or t.config.method not in DEPLOYABLE:
+            continue
+        if label is not None and label not in (t.config.label, t.config.base_label):
+            continue
+        if metric in r.data.metrics:
+            cands.append((r, t))
+    if not cands:
+        labels = sorted({t.config.label for t in trials.values() if t.config.method in DEPLOYABLE})
+        have = sorted({k for r in runs for k in r.data.metrics if k.startswith("accuracy")})
+        raise ValueError(
+            f"no finished {'/'.join(DEPLOYABLE)} trial of study {handle.spec.name!r} has metric "
+            f"{metric!r}"
+            + (f" and label {label!r}" if label else "")
+            + f". Deployable labels: {labels}; accuracy metrics: {have}. "
+            "Run (or resume) the study, or fix --metric/--label."
+        )
+    run, trial = max(cands, key=lambda rt: (rt[0].data.metrics[metric], -rt[1].n_per_class))
+    same = {t.key for t in trials.values() if t.config.label == trial.config.label}
+    return ChosenConfig(
+        method=trial.config.method,
+        params=dict(trial.config.params),
+        select=dict(trial.config.select),
+        selected_by=f"best trial by {metric}",
+        label=trial.config.label,
+        trial_key=trial.key,
+        run_id=run.info.run_id,
+        metric=metric,
+        metric_value=float(run.data.metrics[metric]),
+        n_per_class=trial.n_per_class,
+        study_accuracy=_accuracy_table(runs, same, pair_metric_name),
+        data_fingerprint=run.data.tags.get("data_fingerprint"),
+    )
+
+
+def _full_params(method: str, params: dict) -> dict:
+    from mmdtl2_dist.core.methods import default_params
+    from mmdtl2_dist.study.spec import core_params
+
+    p = default_params(method)
+    unknown = set(params) - set(p)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {sorted(unknown)} for {method}; valid: {sorted(p)}."
+        )
+    p.update(core_params(params))
+    return p
+
+
+def explicit_config(
+    handle: StudyHandle,
+    method: str,
+    params: dict,
+    select: dict | None = None,
+    pair_metric_name: str | None = None,
+) -> ChosenConfig:
+    """A configuration given by the user.
+
+    The study's results for it are attached if the study ran the same method with the
+    same (default-completed) parameters and selection grid.
+    """
+    from mmdtl2_dist.study.spec import check_param
+
+    if method not in DEPLOYABLE:
+        raise ValueError(f"method {method!r} cannot be deployed; choose one of {DEPLOYABLE}.")
+    for k, v in {**params, **{k: v[0] for k, v in (select or {}).items() if v}}.items():
+        check_param("--param", method, k, v)
+    full = _full_params(method, params)
+    trials = _trials_by_key(handle)
+    same = {
+        t.key
+        for t in trials.values()
+        if t.config.method == method
+        and _full_params(method, t.config.params) == full
+        and (t.config.select or {}) == (select or {})
+    }
+    runs = _trial_runs(handle) if same else []
+    fps = {r.data.tags.get("data_fingerprint") for r in runs}
+    return ChosenConfig(
+        method=method,
+        params=dict(params),
+        select=dict(select or {}),
+        selected_by="explicit parameters",
+        study_accuracy=_accuracy_table(runs, same, pair_metric_name),
+        data_fingerprint=next(iter(fps)) if len(fps) == 1 else None,
+    )
+
+
+@dataclass
+class FittedAdapter:
+    """The estimator fitted for deployment and what it was trained on."""
+
+    estimator: object  # mmdtl2_dist.estimators.MMDTL2
+    source: str
+    target: str
+    class_names: list[str]
+    n_source: int
+    n_target: int
+    store_fingerprint: str
+    full_params: dict
+    selected_params: dict
+    example: np.ndarray
+
+
+def _device_data(fs, device: str, space: str):
+    meta = fs.metadata
+    m = meta[(meta.device == device) & (meta.space == space)].sort_values("row")
+    y = m["label"].to_numpy(np.int64)
+    if (y < 0).any():
+        raise ValueError(
+            f"device {device!r} has {int((y < 0).sum())} unlabelled samples (label -1); the "
+            "study's per-device preprocessing uses every sample, so all must be labelled."
+        )
+    return fs.read(device, space).astype(np.float64, copy=False), y, m
+
+
+def fit_adapter(handle: StudyHandle, pair: tuple[str, str], cfg: ChosenConfig) -> FittedAdapter:
+    """Fit ``cfg`` on all labelled samples of ``pair`` (see the module docstring)."""
+    from mmdtl2_dist.estimators import MMDTL2
+    from mmdtl2_dist.store.feature_store import FeatureStore
+    from mmdtl2_dist.study.spec import core_params
+
+    spec = handle.spec
+    fs = FeatureStore.open(handle.store)
+    if cfg.data_fingerprint and cfg.data_fingerprint != fs.fingerprint:
+        warnings.warn(
+            f"the feature store changed since the study ran (fingerprint {fs.fingerprint} "
+            f"now, {cfg.data_fingerprint} then); the study's accuracy may not apply.",
+            stacklevel=2,
+        )
+    source, target = pair
+    Xs, ys, ms = _device_data(fs, source, spec.source_space)
+    Xt, yt, mt = _device_data(fs, target, spec.target_space)
+    full = _full_params(cfg.method, cfg.params)
+    select = None
+    if cfg.select:
+        names = list(cfg.select)
+        select = [
+            core_params(dict(zip(names, vals, strict=True)))
+            for vals in itertools.product(*(cfg.select[k] for k in names))
+        ]
+    est_params = {k: v for k, v in full.items() if k in MMDTL2().get_params()}
+    est = MMDTL2(**est_params, preprocessing=spec.preprocessing, select=select)
+    est.fit_domains(Xs, ys, Xt, yt)
+    est.adapter_.feature_space = spec.target_space
+    names = {}
+    for m in (ms, mt):
+        for lab, name in zip(m["label"], m["class_name"], strict=True):
+            if isinstance(name, str) and name:
+                names.setdefault(int(lab), name)
+    class_names = [names.get(int(c), str(c)) for c in est.classes_]
+    return FittedAdapter(
+        estimator=est,
+        source=source,
+        target=target,
+        class_names=class_names,
+        n_source=len(ys),
+        n_target=len(yt),
+        store_fingerprint=fs.fingerprint,
+        full_params=full,
+        selected_params=dict(getattr(est, "selected_params_", {}) or {}) if select else {},
+        example=Xt[:1].copy(),
+    )
+
+
+def describe(cfg: ChosenConfig) -> str:
+    """A one-line JSON of the study's accuracy for the configuration (for tags)."""
+    return json.dumps({str(k): v for k, v in cfg.study_accuracy.items()}, sort_keys=True)
