@@ -400,3 +400,40 @@ def test_deploy_core_needs_no_study_or_engine():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_register_after_real_study(tmp_path):
+    """`mmdtl2 study run` (real Ray, Tune, MLflow) then `mmdtl2 register` and `predict`."""
+    make_store(tmp_path / "store.zarr")
+    spec = SPEC.split("[[methods]]")[0] + (
+        '[[methods]]\nlabel = "MMDTL2"\nmethod = "mmdtl2"\n'
+        'params = { qp_solver = "osqp", qp_tol = 1e-6 }\ngrid = { c_d = [0.1, 1.0] }\n'
+    )
+    (tmp_path / "spec.toml").write_text(spec)
+    out = tmp_path / "out"
+    assert main(["study", "run", str(tmp_path / "spec.toml"), "--output", str(out),
+                 "--num-cpus", "2", "--quiet"]) == 0  # fmt: skip
+    assert main(["register", str(out), "--name", "real", "--quiet"]) == 0
+    uri = uri_of(out)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    mv = client.get_model_version_by_alias("real", "champion")
+    trial = client.get_run(mv.tags["trial_run_id"])
+    assert float(mv.tags["metric_value"]) == trial.data.metrics["accuracy"]
+    best = max(
+        r.data.metrics["accuracy"]
+        for r in client.search_runs([trial.info.experiment_id], f"tags.{ROLE_TAG} = 'trial'")
+    )
+    assert trial.data.metrics["accuracy"] == best
+    X = target_samples(out)
+    np.save(tmp_path / "X.npy", X)
+    pred = tmp_path / "p.parquet"
+    argv = ["predict", "--model", "models:/real@champion", str(tmp_path / "X.npy"), "-o", str(pred)]
+    assert main([*argv, "--tracking-uri", uri, "--quiet"]) == 0
+    c_d = json.loads(mv.tags["params"])["c_d"]
+    fs = FeatureStore.open(tmp_path / "store.zarr")
+    est = MMDTL2(c_d=c_d, qp_solver="osqp", qp_tol=1e-6, preprocessing="l2_zscore").fit_domains(
+        fs.read("cam_a", "f"), np.arange(60) % 3 + 1, fs.read("cam_b", "f"), np.arange(45) % 3 + 1
+    )
+    np.testing.assert_array_equal(pd.read_parquet(pred)["label"], est.predict(X))
