@@ -65,7 +65,8 @@ PRESETS = {
         "K": 2,
         "primal_max_dim": 180,
         "primal_per_class": (10,),
-        "wstep_sizes": ((2, 10), (10, 50), (10, 400)),
+        "wstep_sizes": ((2, 10), (10, 50), (10, 100), (10, 400)),
+        "osqp_max_km": 1_000,  # OSQP takes minutes at K·M = 4,000 (see BENCHMARKS.md)
         "svm_sizes": ((367, 80, 800),),
         "e2e": {"n_source": 734, "n_target": 279, "dim": 64_896, "N": 367, "M": 80},
         "engine": False,
@@ -638,14 +639,14 @@ def dual_coordinate_descent(H, f, lb, ub, *, tol=1e-8, max_epochs=100_000):
 
 
 def wstep_table(recs: list) -> str:
-    solvers = list(recs[0]["solvers"]) if recs else []
+    solvers = list(dict.fromkeys(s for r in recs for s in r["solvers"]))
     head = ["K·M (K × M)"] + [f"{s}: time, KKT" for s in solvers] + ["osqp / pdas"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in recs:
         row = [f"{r['KM']:,} ({r['K']} × {r['M']})"]
         for s in solvers:
-            v = r["solvers"][s]
-            row.append(f"{_fmt_t(v['time_s'])}, {v['kkt_scaled']:.0e}")
+            v = r["solvers"].get(s)
+            row.append(f"{_fmt_t(v['time_s'])}, {v['kkt_scaled']:.0e}" if v else "not run")
         sv = r["solvers"]
         ratio = sv["osqp"]["time_s"] / sv["pdas"]["time_s"] if {"osqp", "pdas"} <= set(sv) else 0
         row.append(f"{ratio:.1f}×" if ratio else "")
@@ -657,7 +658,8 @@ def wstep(preset: dict, *, threads: int = 1, tol: float = 1e-8, log=_print) -> l
     """W-step QP solvers on problems of growing K·M (see module)."""
     recs = []
     for K, M in preset["wstep_sizes"]:
-        solvers = ["pdas", "osqp"] + (["cd"] if K * M <= 500 else [])
+        solvers = ["pdas"] + (["osqp"] if K * M <= preset.get("osqp_max_km", 10**9) else [])
+        solvers += ["cd"] if K * M <= 500 else []
         rec = run_isolated(
             "wstep", {"K": K, "M": M, "solvers": solvers, "tol": tol}, threads=threads
         )
