@@ -30,27 +30,37 @@ from sklearn.utils.validation import check_is_fitted
 from mmdtl2_dist.core.adapter import AdapterState, check_features
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.methods import GramProblem
-from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram, one_vs_rest, svm_step
+from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 
 MAX_EXPLICIT_W = 50_000_000  # entries of an explicit W (400 MB of doubles)
 
 
 def _check_labels(y, n: int, name: str) -> np.ndarray:
-    y = np.asarray(y)
-    if y.ndim != 1:
-        y = y.reshape(-1) if y.ndim == 2 and 1 in y.shape else y
-    if y.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {y.shape}.")
+    from sklearn.utils.multiclass import check_classification_targets
+    from sklearn.utils.validation import column_or_1d
+
+    if y is None:
+        raise ValueError(f"requires y to be passed, but the target y is None ({name}).")
+    y = column_or_1d(y, warn=True)
     if y.shape[0] != n:
         raise ValueError(
             f"{name} has {y.shape[0]} labels but there are {n} samples; pass one label per sample."
         )
     if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
         raise ValueError(f"{name} contains NaN or Inf labels; drop unlabelled samples.")
-    if y.dtype.kind == "f" and np.all(y == np.round(y)):
-        y = y.astype(np.int64)
+    check_classification_targets(y)
     return y
+
+
+def _n_rows(X) -> int:
+    shape = getattr(X, "shape", None)
+    if shape is not None and len(shape) >= 1:
+        return int(shape[0])
+    try:
+        return len(X)
+    except TypeError:
+        return int(np.asarray(X).shape[0])
 
 
 def split_domains(X, y, sample_domain):
@@ -84,7 +94,7 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
 
     def _validate_domains(self, Xs, ys, Xt, yt):
         if self._needs_source:
-            if Xs is None or len(Xs) == 0:
+            if Xs is None or _n_rows(Xs) == 0:
                 raise ValueError(
                     "no source samples (sample_domain > 0); this method needs a source device. "
                     "Use TargetSVM for target-only training."
@@ -92,7 +102,7 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
             Xs = check_features(Xs, None, "Xs")
             ys = _check_labels(ys, Xs.shape[0], "ys")
         if self._needs_target:
-            if Xt is None or len(Xt) == 0:
+            if Xt is None or _n_rows(Xt) == 0:
                 raise ValueError(
                     "no labelled target samples (sample_domain < 0); adaptation needs at least "
                     "one labelled sample of the target device. Use SourceSVM without them."
@@ -103,7 +113,7 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         classes = np.unique(np.concatenate(labels)) if labels else np.array([])
         if classes.size < 2:
             raise ValueError(
-                f"need at least 2 classes, got {classes.size} ({classes.tolist()}); "
+                f"need at least 2 classes, got {classes.size} class ({classes.tolist()}); "
                 "a classifier cannot be trained on a single class."
             )
         if self._needs_source and self._needs_target:
@@ -122,7 +132,15 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt, method)
 
     def decision_function(self, X, sample_domain=None):
-        """Class scores (n, K) of target samples (or source rows, see module docstring)."""
+        """Class scores of target samples (or source rows, see module docstring).
+
+        Shape (n, K) one-vs-rest scores; for two classes sklearn's convention (n,):
+        ``score(classes_[1]) − score(classes_[0])``, positive for ``classes_[1]``.
+        """
+        scores = self._scores(X, sample_domain)
+        return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
+
+    def _scores(self, X, sample_domain=None):
         check_is_fitted(self)
         X = check_features(X, None)
         if sample_domain is None or not np.any(np.asarray(sample_domain) > 0):
@@ -138,8 +156,8 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
 
     def predict(self, X, sample_domain=None):
         """Predicted class labels."""
-        scores = self.decision_function(X, sample_domain)
-        return self.classes_[np.argmax(scores, axis=1)]
+        check_is_fitted(self)
+        return self.classes_[np.argmax(self._scores(X, sample_domain), axis=1)]
 
     def score(self, X, y, sample_domain=None, sample_weight=None):
         """Accuracy on target samples."""
@@ -158,11 +176,11 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
 
 class _LinearSVMBase(_AdaptationBase):
     def _fit_svm(self, V, y_enc, cost):
-        Y = one_vs_rest(y_enc, len(self.classes_))
-        res = svm_step(V @ V.T, Y, cost, solver=self.qp_solver, tol=self.qp_tol)
-        self.coef_ = (V.T @ res.coef).T  # (K, L)
-        self.intercept_ = res.b
-        self.qp_results_ = res.qps
+        from mmdtl2_dist.core.mmdt import linear_svm
+
+        Theta, b = linear_svm(V, y_enc, len(self.classes_), cost, self.qp_solver, self.qp_tol)
+        self.coef_ = Theta.T  # (K, L)
+        self.intercept_ = b
         return self
 
 
@@ -207,7 +225,7 @@ class TargetSVM(_LinearSVMBase):
         return self._fit_svm(V, np.searchsorted(classes, yt), np.full(len(yt), self.c_t))
 
     def _target_scores(self, X):
-        X = check_features(X, self.n_features_in_)
+        X = check_features(X, self.n_features_in_, owner=type(self).__name__)
         return self.target_preprocessing_.transform(X) @ self.coef_.T + self.intercept_
 
 
@@ -229,7 +247,7 @@ class SourceSVM(_LinearSVMBase):
 
     def fit_domains(self, Xs, ys, Xt=None, yt=None):
         """Fit on source samples and (optionally) labelled target samples."""
-        has_t = Xt is not None and len(Xt) > 0
+        has_t = Xt is not None and _n_rows(Xt) > 0
         Xs, ys, _, _, _ = self._validate_domains(Xs, ys, None, None)
         if has_t:
             Xt = check_features(Xt, Xs.shape[1], "Xt")
@@ -246,12 +264,12 @@ class SourceSVM(_LinearSVMBase):
         return self._fit_svm(V, np.searchsorted(self.classes_, np.r_[ys, yt]), cost)
 
     def _target_scores(self, X):
-        X = check_features(X, self.n_features_in_)
+        X = check_features(X, self.n_features_in_, owner=type(self).__name__)
         pre = self.target_preprocessing_ or self.source_preprocessing_
         return pre.transform(X) @ self.coef_.T + self.intercept_
 
     def _source_scores(self, X):
-        X = check_features(X, self.n_features_in_)
+        X = check_features(X, self.n_features_in_, owner=type(self).__name__)
         return self.source_preprocessing_.transform(X) @ self.coef_.T + self.intercept_
 
 
@@ -400,7 +418,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         return {**base, **best}
 
     def _fit_chosen(self, Xs, ys, Xt, yt, p):
-        N, M, K = len(ys), len(yt), len(self.classes_)
+        K = len(self.classes_)
         Ls, Lt = Xs.shape[1], Xt.shape[1]
         U = self._prior_targets(Xt, p, Ls, Lt)  # W0 x̂_m, (M, Ls)
         Z = np.vstack([Xs, U])
@@ -460,10 +478,12 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         return Xt @ W0h[:, :-1].T + W0h[:, -1]
 
     def _target_scores(self, X):
-        return self.adapter_.decision_function(check_features(X, self.n_features_in_))
+        return self.adapter_.decision_function(
+            check_features(X, self.n_features_in_, owner=type(self).__name__)
+        )
 
     def _source_scores(self, X):
-        X = check_features(X, self.n_source_features_)
+        X = check_features(X, self.n_source_features_, owner=type(self).__name__)
         return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
 
     def transform(self, X):
@@ -472,7 +492,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         Needs the kernel's feature map only through ``k(x̂)``, so it works for every kernel.
         """
         check_is_fitted(self)
-        X = check_features(X, self.n_features_in_)
+        X = check_features(X, self.n_features_in_, owner=type(self).__name__)
         Xp = self.target_preprocessing_.transform(X)
         Xt = self.adapter_.X_train
         k = self.kernel_(Xt @ Xp.T, np.einsum("ij,ij->i", Xt, Xt), np.einsum("ij,ij->i", Xp, Xp))
@@ -556,14 +576,16 @@ class MMDT(TransformerMixin, _AdaptationBase):
     def transform(self, X):
         """``W x̂`` (n, Ls) of target samples."""
         check_is_fitted(self)
-        Xp = self.target_preprocessing_.transform(check_features(X, self.n_features_in_))
+        Xp = self.target_preprocessing_.transform(
+            check_features(X, self.n_features_in_, owner=type(self).__name__)
+        )
         return Xp @ self.W_[:, :-1].T + self.W_[:, -1]
 
     def _target_scores(self, X):
         return self.transform(X) @ self.coef_source_.T + self.intercept_
 
     def _source_scores(self, X):
-        X = check_features(X, self.n_source_features_)
+        X = check_features(X, self.n_source_features_, owner=type(self).__name__)
         return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
 
 
@@ -603,7 +625,9 @@ class MMDTHoffman(_AdaptationBase):
     def _target_scores(self, X):
         from mmdtl2_dist.core.methods import fit_predict
 
-        Xq = self.target_preprocessing_.transform(check_features(X, self.n_features_in_))
+        Xq = self.target_preprocessing_.transform(
+            check_features(X, self.n_features_in_, owner=type(self).__name__)
+        )
         Xs, Xt = self._Xs, self._Xt
         prob = GramProblem(
             ys=self._ys, yt=self._yt, Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=Xt @ Xq.T,

@@ -27,25 +27,23 @@ from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.preprocessing import PreprocessStats
 
 
-def check_features(X, n_features: int | None, name: str = "X") -> np.ndarray:
-    """Validate a 2-D finite feature matrix; name the offending rows and the fix."""
-    X = np.asarray(X)
-    if X.dtype == object or not np.issubdtype(X.dtype, np.number):
-        raise ValueError(f"{name} must be numeric, got dtype {X.dtype}.")
-    X = X.astype(np.float64, copy=False)
-    if X.ndim == 1:
-        raise ValueError(
-            f"{name} must be 2-D (n_samples, n_features), got a 1-D array of length {X.shape[0]}; "
-            "reshape a single sample with X.reshape(1, -1)."
-        )
-    if X.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}.")
-    if X.shape[0] == 0:
-        raise ValueError(f"{name} is empty (0 samples); pass at least one sample.")
+def check_features(
+    X, n_features: int | None, name: str = "X", owner: str = "the model"
+) -> np.ndarray:
+    """Validate a 2-D finite feature matrix; name the offending rows and the fix.
+
+    Conversion, dtype, sparse and shape checks are scikit-learn's ``check_array`` (so the
+    messages are the ones sklearn users know); NaN/Inf rows are listed here.
+    """
+    from sklearn.utils import check_array
+
+    X = check_array(
+        X, accept_sparse=False, dtype=np.float64, ensure_all_finite=False, input_name=name
+    )
     if n_features is not None and X.shape[1] != n_features:
         raise ValueError(
-            f"{name} has {X.shape[1]} features but the model expects {n_features}; "
-            "pass features of the same device and feature space as at fit time."
+            f"{name} has {X.shape[1]} features, but {owner} is expecting {n_features} features "
+            "as input; pass features of the same device and feature space as at fit time."
         )
     bad = ~np.all(np.isfinite(X), axis=1)
     if np.any(bad):
@@ -97,7 +95,7 @@ class AdapterState:
 
     def decision_function(self, X) -> np.ndarray:
         """Scores (n, K) of raw (not yet preprocessed) target samples."""
-        X = check_features(X, self.n_features)
+        X = check_features(X, self.n_features, owner="the adapter")
         Xp = self.preprocessing.transform(X)
         G = self.X_train @ Xp.T
         sq_tr = np.einsum("ij,ij->i", self.X_train, self.X_train)

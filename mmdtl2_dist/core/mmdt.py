@@ -24,6 +24,23 @@ from mmdtl2_dist.core.mmdtl2 import one_vs_rest, svm_step
 from mmdtl2_dist.core.qp import solve_box_qp
 
 
+def linear_svm(V, y_enc, K, cost, qp_solver="pdas", qp_tol=1e-8):
+    """One-vs-rest linear SVMs on explicit features ``V`` (n, L); returns ``(Θ (L, K), b)``.
+
+    With fewer features than samples (``L + 1 < n``) the dual Hessian ``Y (V Vᵀ + 1) Y`` is
+    singular (rank ``L + 1``) and the primal, with ``L + 1 + n`` variables and an
+    interior-point solver, is the better-conditioned problem; otherwise the dual box QP.
+    Both solve ``min ½(‖θ‖² + b²) + Σ c_i hinge_i`` exactly.
+    """
+    n, L = V.shape
+    if L + 1 < n:
+        from mmdtl2_dist.core.reference import svm_primal
+
+        return svm_primal(V, y_enc, K, cost)
+    res = svm_step(V @ V.T, one_vs_rest(y_enc, K), cost, solver=qp_solver, tol=qp_tol)
+    return V.T @ res.coef, res.b
+
+
 def fit_mmdt_explicit(
     Xs: np.ndarray,
     ys: np.ndarray,
@@ -63,9 +80,8 @@ def fit_mmdt_explicit(
     N, M, K = Xs.shape[0], Xt.shape[0], n_classes
     Xh = np.hstack([Xt, np.ones((M, 1))])
     Kt = Xh @ Xh.T
-    Ys, Yt = one_vs_rest(ys, K), one_vs_rest(yt, K)
-    svm = svm_step(Xs @ Xs.T, Ys, np.full(N, c_s), solver=qp_solver, tol=qp_tol)
-    Theta, b = Xs.T @ svm.coef, svm.b
+    Yt = one_vs_rest(yt, K)
+    Theta, b = linear_svm(Xs, ys, K, np.full(N, c_s), qp_solver, qp_tol)
     cost = np.r_[np.full(N, c_s), np.full(M, c_t)]
     W = np.zeros((Xs.shape[1], Xh.shape[1]))
     y = Yt.ravel()
@@ -76,8 +92,7 @@ def fit_mmdt_explicit(
         a = solve_box_qp(H, f, 0.0, c_t, solver=qp_solver, tol=qp_tol).x
         W_new = Theta @ (Yt * a.reshape(K, M)) @ Xh
         V = np.vstack([Xs, Xh @ W_new.T])
-        svm = svm_step(V @ V.T, np.hstack([Ys, Yt]), cost, solver=qp_solver, tol=qp_tol)
-        Theta, b = V.T @ svm.coef, svm.b
+        Theta, b = linear_svm(V, np.r_[ys, yt], K, cost, qp_solver, qp_tol)
         change = np.linalg.norm(W_new - W) / max(1.0, np.linalg.norm(W_new))
         W = W_new
         if change <= tol:

@@ -8,7 +8,8 @@ Alternate between
 
 - **W-step**: ``min_W ½ c_f ‖W − W0‖² + c_t Σ_km ξ_km + ½ Σ_nm s_nm ‖W x̂_m − x_n‖²``
   s.t. ``y_km (θ_kᵀ W x̂_m + b_k) ≥ 1 − ξ_km``, ``ξ ≥ 0``;
-- **SVM-step**: ``min_Θ̂ ½ ‖Θ̂‖² + c_t Σ_km hinge(y_km θ̂_kᵀ (W x̂_m; 1)) + c_s Σ_kn hinge(y_kn θ̂_kᵀ x̂_n)``
+- **SVM-step**: ``min_Θ̂ ½ ‖Θ̂‖² + c_t Σ_km hinge(y_km θ̂_kᵀ (W x̂_m; 1))``
+  ``+ c_s Σ_kn hinge(y_kn θ̂_kᵀ x̂_n)``
   (one-vs-rest, the bias regularised with the weights),
 
 where ``s_nm = c_d [y_n = y_m]``. ``W0 = 0`` is the paper. With ``W = W0 + Δ`` the W-step is

@@ -1,11 +1,11 @@
-"""Box-constrained convex quadratic programs.
+r"""Box-constrained convex quadratic programs.
 
 Both sub-problems of MMDTL2 are, in the dual, QPs whose only constraints are bounds:
 
 .. math::
 
-    \\min_x \\; \\tfrac12 x^\\top H x - f^\\top x
-    \\quad \\text{s.t.} \\quad l \\le x \\le u,
+    \min_x \; \tfrac12 x^\top H x - f^\top x
+    \quad \text{s.t.} \quad l \le x \le u,
 
 where:
 
@@ -256,7 +256,7 @@ def _osqp(H, f, lb, ub, x0, tol, max_iter):
     )
     if x0 is not None:
         model.warm_start(x=np.clip(np.asarray(x0, dtype=np.float64), lb, ub))
-    res = model.solve()
+    res = model.solve(raise_error=False)
     x = None if res.x is None else np.clip(np.asarray(res.x, dtype=np.float64), lb, ub)
     return x, int(res.info.iter), str(res.info.status)
 
