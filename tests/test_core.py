@@ -283,3 +283,24 @@ def test_core_imports_no_distributed_or_tracking_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_svm_step_low_rank_primal_path_equals_dual():
+    """Fewer features than samples: the factored primal (interior point) == the dual QP."""
+    from mmdtl2_dist.core.mmdtl2 import svm_step
+
+    rng = np.random.default_rng(21)
+    n, L, K = 300, 6, 3
+    y = rng.integers(0, K, n)
+    X = rng.standard_normal((n, L)) + 2 * np.eye(K, L)[y]
+    Y = one_vs_rest(y, K)
+    cost = rng.uniform(0.1, 1.0, n)
+    res = svm_step(X @ X.T, Y, cost)
+    assert {q.solver for q in res.qps} == {"primal-factored"}
+    Kb = X @ X.T + 1
+    for k in range(K):
+        ref = solve_box_qp(
+            Kb * np.outer(Y[k], Y[k]), np.ones(n), 0.0, cost, solver="osqp", tol=1e-7
+        )
+        assert res.qps[k].kkt_residual <= 1e-8
+        assert abs(res.qps[k].objective - ref.objective) <= 1e-7 * abs(ref.objective)
