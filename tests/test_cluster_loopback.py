@@ -31,6 +31,7 @@ from mmdtl2_dist.cluster.loopback import LoopbackCluster, free_ports, head_comma
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "run_on_a_cluster.md"
 CLUSTER_README = ROOT / "cluster" / "README.md"
+README = ROOT / "README.md"
 MMDTL2 = shlex.split(os.environ.get("MMDTL2_CLI", f"{sys.executable} -m mmdtl2_dist.cli"))
 JOB_TIMEOUT = 300  # seconds; a job here takes 10-60 s on a busy 2-core machine
 
@@ -80,7 +81,7 @@ def doc_commands(doc: Path) -> set[str]:
     return commands
 
 
-@pytest.mark.parametrize("doc", [DOC, CLUSTER_README], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [DOC, CLUSTER_README, README], ids=lambda p: p.parent.name + "/" + p.name)
 def test_documented_commands_are_the_tested_ones(doc):
     documented = doc_commands(doc)
     expected = [
@@ -205,7 +206,7 @@ def test_study_on_two_nodes_reports_and_logs_to_mlflow(cluster, shared, store, m
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "SUCCEEDED" in result.stderr
     # The logs were streamed: the study's table is in the output.
-    assert "| n_per_class | NCM | NCM (RBF) |" in result.stdout
+    assert "| n_per_class | targetSVM | MMDTL2 |" in result.stdout
 
     out = shared / "studies" / "cluster_demo"
     for name in ("report.md", "table.csv", "results.csv"):

@@ -1,0 +1,27 @@
+# The two set-up commands of the README. Both create .venv and install the project with
+# its pinned dependency ranges on first use (nothing else needs to be installed).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint bench
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# The main job: the bundled Office-Caltech10 study (12 shifts x 20 splits, every method).
+run: $(BIN)/.installed
+	OMP_NUM_THREADS=1 $(BIN)/mmdtl2 study run studies/office_caltech10.toml --num-cpus 2
+
+# The whole test suite (real local Ray clusters, SQLite MLflow stores, Zarr on disk).
+test: $(BIN)/.installed
+	PATH="$(abspath $(BIN)):$$PATH" OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: $(BIN)/.installed
+	$(BIN)/mmdtl2 bench
