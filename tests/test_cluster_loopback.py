@@ -81,7 +81,9 @@ def doc_commands(doc: Path) -> set[str]:
     return commands
 
 
-@pytest.mark.parametrize("doc", [DOC, CLUSTER_README, README], ids=lambda p: p.parent.name + "/" + p.name)
+@pytest.mark.parametrize(
+    "doc", [DOC, CLUSTER_README, README], ids=lambda p: p.parent.name + "/" + p.name
+)
 def test_documented_commands_are_the_tested_ones(doc):
     documented = doc_commands(doc)
     expected = [
