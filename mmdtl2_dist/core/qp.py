@@ -121,6 +121,8 @@ def _pdas(H, f, lb, ub, x0, tol, max_iter, rho_rel=1e-6):
     x = np.clip(np.zeros(n) if x0 is None else np.asarray(x0, dtype=np.float64), lb, ub)
     total = 0
     for _prox in range(60):
+        if total > 300:
+            return x, total, False
         anchor = x.copy()
         ff = f + rho * anchor
         lam = H @ x + rho * x - ff
@@ -327,25 +329,33 @@ def solve_box_qp(
         # A larger proximal weight makes the active-set iteration more stable on
         # singular Hessians (SVM-steps whose transformed targets lie in the span of the
         # source samples), at the price of more proximal refinements.
-        for rho_rel in (1e-6, 1e-3, 1e-1):
+        for rho_rel in (1e-6, 1e-3):
             y, it1, ok = _pdas(Hs, fs, lbs, ubs, y0, tol, max_iter or 100, rho_rel)
             iters += it1
             if ok:
                 break
-        if not ok or kkt_residual(Hs, fs, y, lbs, ubs) > tol:
-            used = "pdas+newton"
-            y, it2, ok = _projected_newton(Hs, fs, lbs, ubs, y, tol, 500)
-            iters += it2
-        if not ok and kkt_residual(Hs, fs, y, lbs, ubs) > tol:
-            # Singular and badly scaled (e.g. c_d = 0 with tiny c_f): try an interior-point
-            # method and OSQP warm-started from the Newton point; keep the best KKT point.
-            cands = [(kkt_residual(Hs, fs, y, lbs, ubs), y, "pdas+newton", "solved")]
-            yc, it3, st3 = _clarabel(Hs, fs, lbs, ubs)
-            cands.append((kkt_residual(Hs, fs, yc, lbs, ubs), yc, "pdas+newton+clarabel", st3))
-            yo, it4, st4 = _osqp(Hs, fs, lbs, ubs, y, tol, max_iter or 200_000)
-            if yo is not None:
-                cands.append((kkt_residual(Hs, fs, yo, lbs, ubs), yo, "pdas+newton+osqp", st4))
-            iters += it3 + it4
+        if not ok:
+            # Fallbacks, cheapest first for the size: OSQP (warm-started, polished) is fast
+            # for a few hundred variables but factorises the dense Hessian, which a
+            # projected Newton method does not.
+            order = ("osqp", "newton") if n <= 1500 else ("newton", "osqp")
+            cands = [(kkt_residual(Hs, fs, y, lbs, ubs), y, "pdas", "solved")]
+            for alt in order:
+                if alt == "osqp":
+                    ya, it2, st = _osqp(Hs, fs, lbs, ubs, cands[0][1], tol, max_iter or 200_000)
+                else:
+                    ya, it2, okn = _projected_newton(Hs, fs, lbs, ubs, cands[0][1], tol, 500)
+                    st = "solved" if okn else "maximum iterations reached"
+                iters += it2
+                if ya is not None:
+                    cands.append((kkt_residual(Hs, fs, ya, lbs, ubs), ya, "pdas+" + alt, st))
+                if min(c[0] for c in cands) <= tol:
+                    break
+            if min(c[0] for c in cands) > tol:
+                # Singular and badly scaled (e.g. c_d = 0 with tiny c_f): interior point.
+                yc, it3, st3 = _clarabel(Hs, fs, lbs, ubs)
+                iters += it3
+                cands.append((kkt_residual(Hs, fs, yc, lbs, ubs), yc, "pdas+clarabel", st3))
             _, y, used, status = min(cands, key=lambda c: c[0])
     if y is None:
         y, it2, status = _osqp(Hs, fs, lbs, ubs, y0, tol, max_iter or 200_000)
