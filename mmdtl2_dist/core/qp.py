@@ -342,7 +342,8 @@ def solve_box_qp(
             cands = [(kkt_residual(Hs, fs, y, lbs, ubs), y, "pdas", "solved")]
             for alt in order:
                 if alt == "osqp":
-                    ya, it2, st = _osqp(Hs, fs, lbs, ubs, cands[0][1], tol, max_iter or 200_000)
+                    # Capped: on very singular problems OSQP can crawl; Newton comes next.
+                    ya, it2, st = _osqp(Hs, fs, lbs, ubs, cands[0][1], tol, max_iter or 2_000)
                 else:
                     ya, it2, okn = _projected_newton(Hs, fs, lbs, ubs, cands[0][1], tol, 500)
                     st = "solved" if okn else "maximum iterations reached"
@@ -356,6 +357,13 @@ def solve_box_qp(
                 yc, it3, st3 = _clarabel(Hs, fs, lbs, ubs)
                 iters += it3
                 cands.append((kkt_residual(Hs, fs, yc, lbs, ubs), yc, "pdas+clarabel", st3))
+            if min(c[0] for c in cands) > tol:
+                # Last resort: OSQP with its full budget from the best point so far.
+                best = min(cands, key=lambda c: c[0])[1]
+                yo, it5, st5 = _osqp(Hs, fs, lbs, ubs, best, tol, max_iter or 200_000)
+                iters += it5
+                if yo is not None:
+                    cands.append((kkt_residual(Hs, fs, yo, lbs, ubs), yo, "pdas+osqp", st5))
             _, y, used, status = min(cands, key=lambda c: c[0])
     if y is None:
         y, it2, status = _osqp(Hs, fs, lbs, ubs, y0, tol, max_iter or 200_000)
