@@ -223,31 +223,10 @@ def build_plan(
 
 
 def _ensure_ray(address: str | None, num_cpus: int | None):
-    import ray
+    """Connect to Ray exactly as the Gram engine does (one place for the init options)."""
+    from mmdtl2_dist.engine.driver import _ensure_ray as engine_ensure_ray
 
-    if ray.is_initialized():
-        return ray, False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env = {
-        "env_vars": {
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (pkg_root, os.environ.get("PYTHONPATH", "")) if p
-            )
-        }
-    }
-    if address is None:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            runtime_env=env,
-        )
-    else:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    return ray, True
+    return engine_ensure_ray(address, num_cpus)
 
 
 def _trainable(spec: StudySpec):
