@@ -164,15 +164,20 @@ def run(args: argparse.Namespace) -> int:
         entrypoint_num_cpus=args.entrypoint_num_cpus,
     )
     where = runtime_env.get("working_dir", "the installed package")
-    print(f"submitted job {job_id} (code from {where})", file=sys.stderr)
+    announce = f"submitted job {job_id} (code from {where})"
     if args.no_wait:
+        print(announce, file=sys.stderr)
         print(job_id)
         return 0
-    return _follow(sub, client, job_id, args.detach_on_interrupt)
+    return _follow(sub, client, job_id, args.detach_on_interrupt, announce)
 
 
-def _follow(sub, client, job_id: str, detach_on_interrupt: bool) -> int:
+def _follow(sub, client, job_id: str, detach_on_interrupt: bool, announce: str = "") -> int:
     try:
+        # Announce inside the try: a Ctrl-C right after the line is printed must still
+        # stop the job rather than escape as a traceback.
+        if announce:
+            print(announce, file=sys.stderr)
         status = sub.follow_job(client, job_id)
     except KeyboardInterrupt:
         if detach_on_interrupt:
