@@ -574,12 +574,9 @@ def task_wstep(K: int, M: int, solvers: list, tol: float = 1e-8, seed: int = 0) 
     H, f, c_t = wstep_problem(K, M, seed=seed)
     out = {"K": K, "M": M, "KM": K * M, "tol": tol, "solvers": {}}
     for s in solvers:
-        if s == "cd":
-            fn = dual_coordinate_descent
-        else:
 
-            def fn(H, f, lb, ub, tol, s=s):
-                return solve_box_qp(H, f, lb, ub, solver=s, tol=tol)
+        def fn(H, f, lb, ub, tol, s=s):
+            return solve_box_qp(H, f, lb, ub, solver=s, tol=tol)
 
         fn(H, f, 0.0, c_t, tol=tol)  # warm-up (imports, allocator)
         best, res = float("inf"), None
@@ -603,41 +600,6 @@ def task_wstep(K: int, M: int, solvers: list, tol: float = 1e-8, seed: int = 0) 
     return out
 
 
-def dual_coordinate_descent(H, f, lb, ub, *, tol=1e-8, max_epochs=100_000):
-    """Prototype: cyclic coordinate descent on the Jacobi-scaled box QP, with shrinking.
-
-    The method of liblinear's dual solver, on a dense Hessian, vectorised per coordinate
-    (numpy only; no compiled inner loop). For comparison with the active-set default.
-    """
-    from mmdtl2_dist.core.qp import QPResult, kkt_residual
-
-    t0 = time.perf_counter()
-    d = 1.0 / np.sqrt(np.maximum(np.diag(H), 1e-300))
-    Hs, fs = H * np.outer(d, d), f * d
-    n = fs.size
-    lo = np.broadcast_to(np.asarray(lb, float), (n,)) / d
-    hi = np.broadcast_to(np.asarray(ub, float), (n,)) / d
-    y = np.zeros(n)
-    g = -fs.copy()  # gradient Hs y - fs
-    epochs = 0
-    res = kkt_residual(Hs, fs, y, lo, hi)
-    while res > tol and epochs < max_epochs:
-        epochs += 1
-        pg = y - np.clip(y - g, lo, hi)
-        for i in np.flatnonzero(np.abs(pg) > 0.1 * tol):
-            new = min(max(y[i] - g[i], lo[i]), hi[i])  # unit diagonal: exact minimiser
-            step = new - y[i]
-            if step:
-                y[i] = new
-                g += step * Hs[:, i]
-        res = float(np.max(np.abs(y - np.clip(y - g, lo, hi)))) / max(1.0, np.abs(fs).max())
-    x = y * d
-    obj = float(0.5 * x @ H @ x - f @ x)
-    return QPResult(
-        x, "solved" if res <= tol else "max_iter", "cd", res, epochs, obj, time.perf_counter() - t0
-    )
-
-
 def wstep_table(recs: list) -> str:
     solvers = list(dict.fromkeys(s for r in recs for s in r["solvers"]))
     head = ["K·M (K × M)"] + [f"{s}: time, KKT" for s in solvers] + ["osqp / pdas"]
@@ -659,7 +621,7 @@ def wstep(preset: dict, *, threads: int = 1, tol: float = 1e-8, log=_print) -> l
     recs = []
     for K, M in preset["wstep_sizes"]:
         solvers = ["pdas"] + (["osqp"] if K * M <= preset.get("osqp_max_km", 10**9) else [])
-        solvers += ["cd"] if K * M <= 500 else []
+        solvers += ["dcd"]
         rec = run_isolated(
             "wstep", {"K": K, "M": M, "solvers": solvers, "tol": tol}, threads=threads
         )

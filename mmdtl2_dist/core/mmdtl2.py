@@ -254,7 +254,8 @@ def svm_step(
         One-vs-rest labels.
     cost : ndarray of shape (n,)
         Per-sample hinge weights (``c_s`` for source, ``c_t`` for target samples).
-    solver, tol : see :func:`mmdtl2_dist.core.qp.solve_box_qp`.
+    solver, tol : see :func:`mmdtl2_dist.core.qp.solve_box_qp`; ``"pdas"`` (the default
+        family, "our own solvers") runs ``"dcd"`` here.
     alpha0 : ndarray of shape (K, n), optional
         Warm start.
 
@@ -267,90 +268,31 @@ def svm_step(
     Kb = Kv + 1.0
     coef = np.zeros((n, K))
     qps = []
-    F = _low_rank_factor(Kb) if n >= 64 else None
     ones = np.ones(n)
+    # The Hessian is singular whenever transformed targets lie in the span of the source
+    # samples; dual coordinate descent with active-set polishing is made for that.
+    qp_solver = "dcd" if solver == "pdas" else solver
+    # Two classes: the second one-vs-rest problem is the first with every label flipped,
+    # the same QP (Hessian Y Kb Y unchanged), so α is shared and coef, b change sign.
+    mirrored = K == 2 and np.array_equal(Y[1], -Y[0])
     for k in range(K):
         y = Y[k]
-        if F is not None:
-            res = _svm_primal_factored(F, y, cost, Kb, tol)
-        if F is None or res is None:
-            res = solve_box_qp(
-                Kb * np.outer(y, y),
-                ones,
-                0.0,
-                cost,
-                solver=solver,
-                tol=tol,
-                x0=None if alpha0 is None else alpha0[k],
-            )
+        if mirrored and k == 1:
+            coef[:, 1] = -coef[:, 0]
+            qps.append(qps[0])
+            continue
+        res = solve_box_qp(
+            Kb * np.outer(y, y),
+            ones,
+            0.0,
+            cost,
+            solver=qp_solver,
+            tol=tol,
+            x0=None if alpha0 is None else alpha0[k],
+        )
         coef[:, k] = res.x * y
         qps.append(res)
     return SVMStepResult(coef, coef.sum(axis=0), qps)
-
-
-def _low_rank_factor(Kb: np.ndarray, max_rank_fraction: float = 0.25):
-    """``F`` (n, r) with ``Kb ≈ F Fᵀ`` when ``Kb`` has numerical rank ``r ≤ n/4``, else None.
-
-    A pivoted Cholesky (LAPACK ``dpstrf``) stops at the numerical rank, in O(n r²).
-    The SVM-step Gram is often low-rank: transformed targets lie in the span of the
-    source samples, and features may have fewer dimensions than there are samples.
-    """
-    from scipy.linalg.lapack import dpstrf
-
-    n = Kb.shape[0]
-    tol = 1e-12 * max(float(np.max(np.diag(Kb))), 1e-300)
-    c, piv, rank, info = dpstrf(np.array(Kb, order="F", copy=True), lower=1, tol=tol)
-    if info < 0 or rank > max_rank_fraction * n:
-        return None
-    L = np.tril(c)[:, :rank]
-    F = np.empty_like(L)
-    F[piv - 1] = L  # undo the pivoting: Kb = F Fᵀ
-    if np.max(np.abs(F @ F.T - Kb)) > 1e-8 * max(1.0, float(np.max(np.abs(Kb)))):
-        return None
-    return F
-
-
-def _svm_primal_factored(F, y, cost, Kb, tol):
-    """The SVM dual through its primal on the factor: ``min ½‖w‖² + Σ c_i ξ_i``.
-
-    ``s.t. y_i F_i w ≥ 1 − ξ_i, ξ ≥ 0`` (the bias is inside ``Kb = Kv + 1``), solved with an
-    interior-point method; ``α`` are the multipliers of the margin constraints. Returns a
-    :class:`QPResult` whose KKT residual is measured on the dual box QP, or None if the
-    interior-point solve did not reach ``tol`` (the caller falls back to the dual).
-    """
-    import clarabel
-    import scipy.sparse as sp
-
-    from mmdtl2_dist.core.qp import QPResult, kkt_residual
-
-    t0 = time.perf_counter()
-    n, r = F.shape
-    P = sp.block_diag([sp.identity(r), sp.csc_matrix((n, n))], format="csc")
-    q = np.r_[np.zeros(r), cost]
-    A = sp.vstack(
-        [
-            sp.hstack([sp.csc_matrix(-(y[:, None] * F)), -sp.identity(n)]),
-            sp.hstack([sp.csc_matrix((n, r)), -sp.identity(n)]),
-        ],
-        format="csc",
-    )
-    b = np.r_[-np.ones(n), np.zeros(n)]
-    settings = clarabel.DefaultSettings()
-    settings.verbose = False
-    settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = 1e-12
-    sol = clarabel.DefaultSolver(
-        sp.triu(P, format="csc"), q, A, b, [clarabel.NonnegativeConeT(2 * n)], settings
-    ).solve()
-    alpha = np.clip(np.asarray(sol.z[:n], dtype=np.float64), 0.0, cost)
-    H = Kb * np.outer(y, y)
-    ones = np.ones(n)
-    res = kkt_residual(H, ones, alpha, np.zeros(n), cost)
-    if res > tol:
-        return None
-    obj = float(0.5 * alpha @ (H @ alpha) - alpha.sum())
-    return QPResult(
-        alpha, "solved", "primal-factored", res, int(sol.iterations), obj, time.perf_counter() - t0
-    )
 
 
 def objective(Kz, beta, b, Gamma, Omega, ops, S, Ys, Yt, N, params: MMDTL2Params) -> float:

@@ -26,6 +26,11 @@ Two solvers are offered behind one front end, :func:`solve_box_qp`:
     is handled by a few proximal-point refinements. If the sets cycle, the solve continues
     with a monotone projected Newton method, and, for the rare singular and badly scaled
     problems where that stalls, with an interior-point method (Clarabel).
+``"dcd"``
+    Dual coordinate descent finished by exact Newton steps on the free variables
+    (:mod:`mmdtl2_dist.core.dcd`); indifferent to singular ``H``, which makes it the
+    solver of the SVM-step. If it misses the tolerance within its budget, the ``"pdas"``
+    chain continues from its point.
 ``"osqp"``
     OSQP (operator splitting) with tight tolerances and solution polishing; general and
     robust, but first-order and slower for tight tolerances.
@@ -46,7 +51,7 @@ import scipy.linalg as sla
 
 from mmdtl2_dist.core.errors import QPSolveError
 
-SOLVERS = ("pdas", "osqp")
+SOLVERS = ("pdas", "dcd", "osqp")
 
 
 @dataclass
@@ -284,7 +289,7 @@ def solve_box_qp(
         Linear term.
     lb, ub : float or ndarray of shape (n,)
         Bounds; ``ub`` may be ``np.inf``.
-    solver : {"pdas", "osqp"}
+    solver : {"pdas", "dcd", "osqp"}
         Algorithm (see module docstring).
     tol : float
         Required relative KKT residual of the returned point.
@@ -325,6 +330,14 @@ def solve_box_qp(
     iters = 0
     status = "solved"
     y = None
+    if solver == "dcd":
+        from mmdtl2_dist.core.dcd import dcd_box_qp
+
+        fscale = max(1.0, float(np.max(np.abs(fs), initial=0.0)))
+        y, iters, ok = dcd_box_qp(Hs, fs, lbs, ubs, y0, tol * fscale)
+        if not ok:  # continue with the active-set chain from the coordinate-descent point
+            y0, solver, used = y, "pdas", "dcd+pdas"
+            y = None
     if solver == "pdas":
         # A larger proximal weight makes the active-set iteration more stable on
         # singular Hessians (SVM-steps whose transformed targets lie in the span of the
