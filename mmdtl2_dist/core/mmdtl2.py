@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmdtl2_dist.core.dcd import dcd_box_qp, svm_hessian
 from mmdtl2_dist.core.qp import QPResult, solve_box_qp
 
 EIG_RTOL = 1e-13  # eigenvalues of Kt below this fraction of the largest are numerical zeros
@@ -155,12 +156,18 @@ def one_vs_rest(y: np.ndarray, K: int) -> np.ndarray:
 
 @dataclass
 class WStepResult:
-    """Dual solution of one W-step: ``a`` (K·M,), ``Gamma`` (N+M, M), ``Omega`` (N+M, M)."""
+    """Dual solution of one W-step.
+
+    ``a`` (K·M,), ``Gamma`` (N+M, M), ``Omega`` (N+M, M), and the products ``Kz Γ`` and
+    ``Kz Ω`` that the rest of the alternation needs.
+    """
 
     a: np.ndarray
     Gamma: np.ndarray
     Omega: np.ndarray
     qp: QPResult
+    KzGamma: np.ndarray | None = None
+    KzOmega: np.ndarray | None = None
 
 
 def wstep_dual(
@@ -208,8 +215,14 @@ def wstep_dual(
     return H, f
 
 
-def solve_wstep(Kz, beta, b, Yt, R_c, ops: TransferOperators, N, params: MMDTL2Params, a0=None):
-    """Solve the W-step dual and return ``Γ`` and the transformed-target coefficients ``Ω``."""
+def solve_wstep(
+    Kz, beta, b, Yt, R_c, ops: TransferOperators, N, params: MMDTL2Params, a0=None, KzRc=None
+):
+    """Solve the W-step dual and return ``Γ`` and the transformed-target coefficients ``Ω``.
+
+    ``KzRc = Kz R_c`` (constant over the alternation) may be passed to save an
+    ``(N+M)² M`` product; ``Kz Γ`` and ``Kz Ω`` then come from ``Kz β`` at ``O((N+M) K M)``.
+    """
     K, M = Yt.shape
     H, f = wstep_dual(Kz, beta, b, Yt, R_c, ops.G, N)
     qp = solve_box_qp(H, f, 0.0, params.c_t, solver=params.qp_solver, tol=params.qp_tol, x0=a0)
@@ -218,7 +231,10 @@ def solve_wstep(Kz, beta, b, Yt, R_c, ops: TransferOperators, N, params: MMDTL2P
     E_u = np.zeros((N + M, M))
     E_u[N:, :] = np.eye(M)
     Omega = E_u + Gamma @ ops.G
-    return WStepResult(qp.x, Gamma, Omega, qp)
+    KzRc = Kz @ R_c if KzRc is None else KzRc
+    KzGamma = KzRc + (Kz @ beta) @ YA
+    KzOmega = Kz[:, N:] + KzGamma @ ops.G
+    return WStepResult(qp.x, Gamma, Omega, qp, KzGamma, KzOmega)
 
 
 @dataclass
@@ -254,8 +270,10 @@ def svm_step(
         One-vs-rest labels.
     cost : ndarray of shape (n,)
         Per-sample hinge weights (``c_s`` for source, ``c_t`` for target samples).
-    solver, tol : see :func:`mmdtl2_dist.core.qp.solve_box_qp`; ``"pdas"`` (the default
-        family, "our own solvers") runs ``"dcd"`` here.
+    solver, tol : see :func:`mmdtl2_dist.core.qp.solve_box_qp`. ``"pdas"`` (the default,
+        "our own solvers") runs dual coordinate descent with polishing
+        (:mod:`mmdtl2_dist.core.dcd`) and continues with the active-set chain of
+        :func:`~mmdtl2_dist.core.qp.solve_box_qp` only if that misses ``tol``.
     alpha0 : ndarray of shape (K, n), optional
         Warm start.
 
@@ -265,50 +283,73 @@ def svm_step(
         ``coef[:, k] = α_k ⊙ y_k``.
     """
     K, n = Y.shape
-    Kb = Kv + 1.0
+    Kv = np.ascontiguousarray(Kv, dtype=np.float64)
+    if not np.all(np.isfinite(Kv)):
+        raise ValueError("the SVM-step Gram has NaN or Inf entries; check the input features.")
     coef = np.zeros((n, K))
     qps = []
-    ones = np.ones(n)
-    # The Hessian is singular whenever transformed targets lie in the span of the source
-    # samples; dual coordinate descent with active-set polishing is made for that.
-    qp_solver = "dcd" if solver == "pdas" else solver
     # Two classes: the second one-vs-rest problem is the first with every label flipped,
     # the same QP (Hessian Y Kb Y unchanged), so α is shared and coef, b change sign.
     mirrored = K == 2 and np.array_equal(Y[1], -Y[0])
+    # Jacobi scaling as in solve_box_qp (residuals are reported in the same units); the
+    # Hessian Y Kb Y is singular whenever transformed targets lie in the span of the
+    # source samples, which dual coordinate descent with polishing is made for.
+    dg = np.diag(Kv) + 1.0
+    d = np.where(dg > 0, 1.0 / np.sqrt(np.where(dg > 0, dg, 1.0)), 1.0)
+    fscale = max(1.0, float(np.max(d)))
     for k in range(K):
         y = Y[k]
         if mirrored and k == 1:
             coef[:, 1] = -coef[:, 0]
             qps.append(qps[0])
             continue
-        res = solve_box_qp(
-            Kb * np.outer(y, y),
-            ones,
-            0.0,
-            cost,
-            solver=qp_solver,
-            tol=tol,
-            x0=None if alpha0 is None else alpha0[k],
-        )
+        x0 = None if alpha0 is None else alpha0[k]
+        res = None
+        if solver == "pdas":
+            t0 = time.perf_counter()
+            Hs = svm_hessian(Kv, y * d)
+            ys0 = None if x0 is None else np.asarray(x0, dtype=np.float64) / d
+            ub = cost / d
+            r = dcd_box_qp(Hs, d, np.zeros(n), ub, ys0, tol * fscale)
+            if r.ok:
+                alpha = np.clip(r.x * d, 0.0, cost)
+                obj = float(0.5 * r.x @ (Hs @ r.x) - d @ r.x)
+                res = QPResult(
+                    alpha, "solved", "dcd", r.residual / fscale, r.sweeps, obj,
+                    time.perf_counter() - t0,
+                )  # fmt: skip
+            else:  # the front end's active-set chain, from the coordinate-descent point
+                x0 = r.x * d
+        if res is None:
+            res = solve_box_qp(
+                (Kv + 1.0) * np.outer(y, y), np.ones(n), 0.0, cost, solver=solver, tol=tol, x0=x0
+            )
         coef[:, k] = res.x * y
         qps.append(res)
     return SVMStepResult(coef, coef.sum(axis=0), qps)
 
 
-def objective(Kz, beta, b, Gamma, Omega, ops, S, Ys, Yt, N, params: MMDTL2Params) -> float:
+def objective(
+    Kz, beta, b, Gamma, Omega, ops, S, Ys, Yt, N, params: MMDTL2Params, KzGamma=None, KzO=None
+) -> float:
     """The full MMDTL2 objective (paper Problem 3 with the prior), on Gram matrices.
 
     ``½ c_f ‖W − W0‖² + ½ (‖Θ‖² + ‖b‖²) + c_t Σ hinge_t + c_s Σ hinge_s
     + ½ Σ s_nm ‖W x̂_m − x_n‖²``, with ``‖W − W0‖² = tr(Γᵀ Kz Γ C Kt Cᵀ)``.
+    ``KzGamma = Kz Γ`` and ``KzO = Kz Ω`` may be passed when already known.
     """
     KzB = Kz @ beta
-    reg_w = 0.0 if Gamma is None else float(np.sum((Gamma.T @ Kz @ Gamma) * ops.CKC))
+    if Gamma is None:
+        reg_w = 0.0
+    else:
+        KzGamma = Kz @ Gamma if KzGamma is None else KzGamma
+        reg_w = float(np.sum((Gamma.T @ KzGamma) * ops.CKC))
     reg_theta = float(np.sum(beta * KzB) + b @ b)
     src_scores = KzB[:N, :] + b  # (N, K)
     tgt_scores = Omega.T @ KzB + b  # (M, K)
     hinge_s = float(np.sum(np.maximum(0.0, 1.0 - Ys.T * src_scores)))
     hinge_t = float(np.sum(np.maximum(0.0, 1.0 - Yt.T * tgt_scores)))
-    KzO = Kz @ Omega
+    KzO = Kz @ Omega if KzO is None else KzO
     sq_t = np.sum(Omega * KzO, axis=0)  # ‖W x̂_m‖²
     cross = KzO[:N, :]  # x_nᵀ W x̂_m
     sq_s = np.diag(Kz)[:N]
@@ -437,14 +478,13 @@ def fit_mmdtl2_gram(
 
     Yall = np.hstack([Ys, Yt])
     cost = np.r_[np.full(N, params.c_s), np.full(M, params.c_t)]
-    E_s = np.zeros((N + M, N))
-    E_s[:N, :] = np.eye(N)
+    KzRc = Kz @ R_c  # constant over the alternation
     a = alpha = None
     n_iter = 0
     for it in range(1, params.max_iter + 1):
         n_iter = it
         t0 = time.perf_counter()
-        ws = solve_wstep(Kz, beta, b, Yt, R_c, ops, N, params, a0=a)
+        ws = solve_wstep(Kz, beta, b, Yt, R_c, ops, N, params, a0=a, KzRc=KzRc)
         a = ws.a
         t_w += time.perf_counter() - t0
         info["qp_status"].append(ws.qp.status)
@@ -452,22 +492,34 @@ def fit_mmdtl2_gram(
         info["qp_iterations"].append(ws.qp.iterations)
 
         t0 = time.perf_counter()
-        B = np.hstack([E_s, ws.Omega])  # training vectors as coefficients on Z
-        Kv = B.T @ Kz @ B
+        # Training vectors as coefficients on Z: B = [E_s, Ω] with E_s the first N unit
+        # vectors. Kv = Bᵀ Kz B without the (N+M)³ product.
+        KzO = ws.KzOmega
+        Kv = np.empty((N + M, N + M))
+        Kv[:N, :N] = Kz[:N, :N]
+        Kv[:N, N:] = KzO[:N]
+        Kv[N:, :N] = KzO[:N].T
+        Kv[N:, N:] = ws.Omega.T @ KzO
         svm = svm_step(Kv, Yall, cost, solver=params.qp_solver, tol=params.qp_tol, alpha0=alpha)
         alpha = (svm.coef * Yall.T).T  # α_k = coef_k ⊙ y_k (y = ±1)
-        beta = B @ svm.coef
+        beta = ws.Omega @ svm.coef[N:]  # B @ coef
+        beta[:N] += svm.coef[:N]
         b = svm.b
         t_svm += time.perf_counter() - t0
         info["svm_kkt_residual"].append(max(q.kkt_residual for q in svm.qps))
 
-        history.append(objective(Kz, beta, b, ws.Gamma, ws.Omega, ops, S, Ys, Yt, N, params))
+        history.append(
+            objective(
+                Kz, beta, b, ws.Gamma, ws.Omega, ops, S, Ys, Yt, N, params,
+                KzGamma=ws.KzGamma, KzO=KzO,
+            )
+        )  # fmt: skip
         if progress is not None:
             progress(it, history[-1])
         if abs(history[-2] - history[-1]) <= params.tol * max(1.0, abs(history[-1])):
             break
     # The final (W, Θ̂) pair: Θ̂ from the last SVM-step, W from the W-step it was fitted to.
-    P = (beta.T @ Kz @ ws.Gamma) @ ops.C
+    P = (beta.T @ ws.KzGamma) @ ops.C
     info.update(
         n_iter=n_iter,
         time_wstep_s=t_w,

@@ -334,7 +334,7 @@ def solve_box_qp(
         from mmdtl2_dist.core.dcd import dcd_box_qp
 
         fscale = max(1.0, float(np.max(np.abs(fs), initial=0.0)))
-        y, iters, ok = dcd_box_qp(Hs, fs, lbs, ubs, y0, tol * fscale)
+        y, iters, ok, _ = dcd_box_qp(Hs, fs, lbs, ubs, y0, tol * fscale)
         if not ok:  # continue with the active-set chain from the coordinate-descent point
             y0, solver, used = y, "pdas", "dcd+pdas"
             y = None
