@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.linalg as sla
+from numba import njit
 
 from mmdtl2_dist.core.qp import solve_box_qp
 
@@ -249,45 +250,84 @@ def bregman_wstep(
         raise ValueError(f"gamma must be positive, got {gamma!r}.")
     Kc, M = K0_ht.shape
     s = np.where(same, -1.0, 1.0)
+    S, steps, max_viol = _bregman_loop(
+        np.ascontiguousarray(K0_hh, dtype=np.float64),
+        np.ascontiguousarray(K0_ht, dtype=np.float64),
+        np.ascontiguousarray(K0_tt, dtype=np.float64),
+        s,
+        float(gamma),
+        float(tol),
+        int(check_every),
+        int(max_steps),
+        bool(faithful),
+    )
+    return S, {"steps": int(steps), "max_viol": float(max_viol)}
+
+
+@njit(cache=True, nogil=True)
+def _bregman_loop(K0_hh, K0_ht, K0_tt, s, gamma, tol, check_every, max_steps, faithful):
+    """The projections of :func:`bregman_wstep`, compiled (a projection is O(K·M))."""
+    Kc, M = K0_ht.shape
     b = -s
     S = np.zeros((Kc, M))
     slack = np.zeros((Kc, M))
     lam = np.zeros((Kc, M))
     lam2 = np.zeros((Kc, M))
     viol = s * (K0_ht - b)  # ξ = 0 at the start
-    dg_h, dg_t = np.diag(K0_hh), np.diag(K0_tt)
     n_con = Kc * M
-    max_steps = int(max_steps)
     steps = 0
     while steps < max_steps:
         if faithful:
-            flat = int(np.argmax(viol))
-            if (steps + 1) % check_every == 0 and viol.flat[flat] < tol:
+            flat = 0  # argmax, first in class-major order on ties
+            best = viol[0, 0]
+            for c in range(1, n_con):
+                v = viol[c // M, c % M]
+                if v > best:
+                    best, flat = v, c
+            if (steps + 1) % check_every == 0 and best < tol:
                 break
-            order = (flat,)
+            first, last = flat, flat + 1
         else:
-            order = range(min(n_con, max_steps - steps))
-        for c in order:
-            k, m = divmod(c, M)
+            first, last = 0, min(n_con, max_steps - steps)
+        for c in range(first, last):
+            k, m = c // M, c % M
             sc = s[k, m]
-            K_cur = K0_ht[k, m] + K0_hh[k] @ S @ K0_tt[:, m]
+            K_cur = K0_ht[k, m]
+            for i in range(Kc):
+                acc = 0.0
+                for j in range(M):
+                    acc += S[i, j] * K0_tt[j, m]
+                K_cur += K0_hh[k, i] * acc
             # The reference's numerator; the corrected one adds ξ instead of subtracting it.
-            num = sc * (b[k, m] - K_cur) + (slack[k, m] if not faithful else -slack[k, m])
-            alpha = min(lam[k, m], num / (1.0 / gamma + dg_h[k] * dg_t[m]))
+            num = sc * (b[k, m] - K_cur) + (-slack[k, m] if faithful else slack[k, m])
+            alpha = min(lam[k, m], num / (1.0 / gamma + K0_hh[k, k] * K0_tt[m, m]))
             lam[k, m] -= alpha
             S[k, m] += sc * alpha
             slack[k, m] -= alpha / gamma
             alpha2 = min(lam2[k, m], gamma * slack[k, m])
             slack[k, m] -= alpha2 / gamma
             lam2[k, m] -= alpha2
-            viol += (sc * alpha) * s * np.outer(K0_hh[:, k], K0_tt[m, :])
+            a = sc * alpha
+            for i in range(Kc):
+                hk = a * K0_hh[i, k]
+                for j in range(M):
+                    viol[i, j] += hk * s[i, j] * K0_tt[m, j]
             viol[k, m] += (alpha + alpha2) / gamma
             steps += 1
         if not faithful:
-            kkt = np.where(lam > 0, np.abs(viol), np.maximum(viol, 0.0))
-            if kkt.max(initial=0.0) < tol:
+            worst = 0.0
+            for i in range(Kc):
+                for j in range(M):
+                    v = viol[i, j]
+                    r = abs(v) if lam[i, j] > 0 else max(v, 0.0)
+                    worst = max(worst, r)
+            if worst < tol:
                 break
-    return S, {"steps": steps, "max_viol": float(viol.max(initial=-np.inf))}
+    max_viol = -np.inf
+    for i in range(Kc):
+        for j in range(M):
+            max_viol = max(max_viol, viol[i, j])
+    return S, steps, max_viol
 
 
 # --------------------------------------------------------------------------- driver
