@@ -32,6 +32,9 @@ import numpy as np
 import scipy.linalg as sla
 from numba import njit
 
+# Eigenvalues of a free block below this fraction of its largest are treated as zero.
+SINGULAR_RTOL = 1e-8
+
 
 @njit(cache=True, nogil=True)
 def _sweeps(H, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
@@ -109,6 +112,43 @@ def _residual(x, g, lb, ub):
     return float(np.max(np.abs(x - np.clip(x - g, lb, ub)), initial=0.0))
 
 
+def _null_space_rays(base, r, Z, lo, hi):
+    """Follow the null space of the free block downhill, one bound at a time.
+
+    Along ``Z`` (an orthonormal null-space basis) the objective is linear with slope
+    ``−r`` and the gradient does not change. Move along the projection of ``r`` on the
+    remaining null space to the first bound, fix that variable (a Householder reflection
+    removes its row from the basis), and repeat until the slope vanishes or the null space
+    is used up: one factorisation for all the variables a singular free set has too many.
+    """
+    pos = base.copy()
+    Z = Z.copy()
+    for _ in range(Z.shape[1]):
+        d = Z @ (Z.T @ r)
+        if np.linalg.norm(d) <= 1e-12 * max(float(np.linalg.norm(r)), 1e-300):
+            break
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_up = np.where(d > 0, (hi - pos) / d, np.inf)
+            t_lo = np.where(d < 0, (lo - pos) / d, np.inf)
+        t_all = np.maximum(np.minimum(t_up, t_lo), 0.0)
+        i = int(np.argmin(t_all))
+        t = float(t_all[i])
+        if not np.isfinite(t):
+            break  # unbounded along d: leave it to the sweeps and the caller's checks
+        pos += t * d
+        pos[i] = hi[i] if d[i] > 0 else lo[i]
+        z = Z[i].copy()  # restrict the basis to {Z t : (Z t)_i = 0}
+        nz = float(np.linalg.norm(z))
+        if Z.shape[1] == 1:
+            break
+        if nz > 0:
+            u = z.copy()
+            u[0] += np.copysign(nz, z[0]) if z[0] != 0 else nz
+            u /= np.linalg.norm(u)
+            Z = (Z - 2.0 * np.outer(Z @ u, u))[:, 1:]
+    return pos
+
+
 def _polish(H, f, x, lb, ub):
     """One Newton step on the free variables, clipped to the box; returns (x, g).
 
@@ -116,8 +156,8 @@ def _polish(H, f, x, lb, ub):
     strictly inside the box and variables on a bound that the gradient pushes inward.
     When the free block is singular and the Newton system has no solution, the
     least-squares residual ``r`` lies in its null space, where the objective is linear
-    and decreasing along ``r``: the step then continues along ``r`` to the first bound
-    (a free variable too many leaves the free set).
+    and decreasing along ``r``: the step then follows the null space to the bounds
+    (:func:`_null_space_rays`; the free variables a singular block has too many leave).
     """
     g = H @ x - f
     span = np.where(np.isfinite(ub), ub - lb, np.abs(lb) + 1.0)
@@ -128,21 +168,24 @@ def _polish(H, f, x, lb, ub):
     Hff = H[np.ix_(free, free)]
     gF = g[free]
     lo, hi = lb[free], ub[free]
+    step = None
     try:
-        step = sla.cho_solve(sla.cho_factor(Hff, check_finite=False), -gF)
+        cf = sla.cho_factor(Hff, check_finite=False)
+        piv = np.diag(cf[0]) ** 2
+        # A factor with tiny pivots belongs to a numerically singular block (assembled
+        # Grams carry rounding noise in their null space): its step would be garbage.
+        if np.min(piv) > SINGULAR_RTOL * np.max(piv):
+            step = sla.cho_solve(cf, -gF)
     except (sla.LinAlgError, ValueError):
+        pass
+    if step is None:
         w, V = np.linalg.eigh(Hff)
-        keep = w > 1e-12 * max(float(w[-1]), 1e-300)
+        keep = w > SINGULAR_RTOL * max(float(w[-1]), 1e-300)
         step = V[:, keep] @ ((V[:, keep].T @ -gF) / w[keep])
-        r = V[:, ~keep] @ (V[:, ~keep].T @ -gF)  # null-space part of −g_F
+        Z = V[:, ~keep]  # orthonormal basis of the null space of the free block
+        r = Z @ (Z.T @ -gF)  # descent direction in it: the objective is linear there
         if np.linalg.norm(r) > 1e-10 * max(float(np.linalg.norm(gF)), 1e-300):
-            base = x[free] + step
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t_up = np.where(r > 0, (hi - base) / r, np.inf)
-                t_lo = np.where(r < 0, (lo - base) / r, np.inf)
-            t = float(np.min(np.r_[t_up, t_lo]))
-            if np.isfinite(t) and t > 0:
-                step = step + t * r
+            step = _null_space_rays(x[free] + step, r, Z, lo, hi) - x[free]
     out = x.copy()
     out[free] = np.clip(x[free] + step, lo, hi)
     return out, H @ out - f
