@@ -479,7 +479,11 @@ def fit_mmdtl2_gram(
     Yall = np.hstack([Ys, Yt])
     cost = np.r_[np.full(N, params.c_s), np.full(M, params.c_t)]
     KzRc = Kz @ R_c  # constant over the alternation
-    a = alpha = None
+    a = None
+    # Warm start of the first SVM-step: the initial SVM's multipliers on its samples,
+    # zero on the others (the sources' margins barely move when the targets join).
+    alpha = np.zeros((K, N + M))
+    alpha[:, idx] = (svm.coef * Y0.T).T
     n_iter = 0
     for it in range(1, params.max_iter + 1):
         n_iter = it
