@@ -307,3 +307,20 @@ def test_svm_step_singular_gram_equals_primal():
     scale = np.abs(Theta_ref).max()
     assert np.max(np.abs(Theta - Theta_ref)) <= 1e-6 * scale
     assert np.max(np.abs(res.b - b_ref)) <= 1e-6 * max(1.0, np.abs(b_ref).max())
+
+
+def test_cv_fold_schemes():
+    """LOO holds out every sample whose class keeps one in training, once; per-class holds
+    out one of each class per fold; "auto" switches at loo_max; test samples never enter."""
+    from mmdtl2_dist.core.selection import cv_folds
+
+    yt = np.array([0, 0, 0, 1, 1, 1, 2])  # class 2 has a single sample
+    loo = cv_folds(yt, scheme="loo")
+    assert [f.tolist() for f in loo] == [[0], [1], [2], [3], [4], [5]]
+    per = cv_folds(np.array([0, 0, 0, 1, 1, 1]), scheme="per_class")
+    assert [sorted(f.tolist()) for f in per] == [[0, 3], [1, 4], [2, 5]]
+    assert cv_folds(yt, scheme="per_class") == []  # class 2 cannot be held out
+    assert len(cv_folds(np.repeat(np.arange(10), 3), scheme="auto")) == 30
+    assert len(cv_folds(np.repeat(np.arange(10), 7), scheme="auto", loo_max=60)) == 7
+    with pytest.raises(ValueError, match="fold scheme"):
+        cv_folds(yt, scheme="kfold")

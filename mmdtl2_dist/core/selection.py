@@ -3,14 +3,21 @@
 The paper tuned nothing by validation and names it future work; test labels must never
 choose a parameter. :func:`select_by_cv` scores every configuration of a grid by
 cross-validation **on the labelled target training samples only** (the source samples
-stay in every fold's training set, the test samples are never seen):
+stay in every fold's training set, the test samples are never seen). Two fold schemes:
 
-- with ``n`` labelled target samples per class, fold ``j`` holds out the ``j``-th sample
-  of every class (leave-one-out per class, ``n`` folds; at most ``max_folds``);
-- each configuration's score is the mean held-out accuracy over the folds; ties go to the
-  configuration listed first (so list the defaults first);
-- with a single labelled sample in some class, no fold can hold it out and keep the class
-  in training: the first configuration is returned, and the table says why.
+- ``"loo"``: leave one labelled target sample out (``M`` folds). Every fold trains on
+  all the target data but one sample, which matters when there are few: with 3 samples
+  per class, the per-class scheme below trains every fold on 2 per class, two thirds of
+  the target data of *every* class, and so undervalues the configurations that lean on
+  the target samples. A sample that is the only one of its class is never held out.
+- ``"per_class"``: fold ``j`` holds out the ``j``-th sample of every class (``n`` folds
+  with ``n`` samples per class; at most ``max_folds``). Cheaper for many samples.
+
+``"auto"`` (the default) uses ``"loo"`` up to ``loo_max`` labelled target samples and
+``"per_class"`` above. A configuration's score is its held-out accuracy over all folds;
+ties go to the configuration listed first (so list the defaults first). With a single
+labelled sample in every class no fold can be formed: the first configuration is
+returned, and the table says why.
 """
 
 from __future__ import annotations
@@ -21,11 +28,21 @@ import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
 
+FOLD_SCHEMES = ("auto", "loo", "per_class")
 
-def cv_folds(yt: np.ndarray, max_folds: int = 10) -> list[np.ndarray]:
-    """Held-out index sets: fold ``j`` holds out the ``j``-th sample of every class."""
+
+def cv_folds(
+    yt: np.ndarray, max_folds: int = 10, scheme: str = "per_class", loo_max: int = 60
+) -> list[np.ndarray]:
+    """Held-out index sets of the fold ``scheme`` (see the module docstring)."""
+    if scheme not in FOLD_SCHEMES:
+        raise ValueError(f"fold scheme must be one of {FOLD_SCHEMES}, got {scheme!r}.")
     yt = np.asarray(yt)
+    if scheme == "auto":
+        scheme = "loo" if len(yt) <= loo_max else "per_class"
     per_class = [np.flatnonzero(yt == c) for c in np.unique(yt)]
+    if scheme == "loo":
+        return [np.array([i]) for ix in per_class if len(ix) >= 2 for i in ix]
     n = min(len(ix) for ix in per_class) if per_class else 0
     if n < 2:
         return []
@@ -54,6 +71,8 @@ def select_by_cv(
     problem: GramProblem,
     *,
     max_folds: int = 10,
+    folds: str = "auto",
+    loo_max: int = 60,
 ) -> tuple[dict, list[dict]]:
     """Choose the configuration of ``grid`` with the best cross-validated accuracy.
 
@@ -66,31 +85,47 @@ def select_by_cv(
     problem : GramProblem
         The split; only its source and labelled target training blocks are used.
     max_folds : int
-        Cap on the number of folds.
+        Cap on the number of folds of the ``"per_class"`` scheme.
+    folds : {"auto", "loo", "per_class"}
+        Fold scheme (module docstring).
+    loo_max : int
+        ``"auto"`` leaves one out up to this many labelled target samples.
 
     Returns
     -------
     best : dict
         The chosen parameters.
     table : list of dict
-        One row per configuration: ``params``, ``cv_accuracy`` (or None), ``n_folds``.
+        One row per configuration: ``params``, ``cv_accuracy`` (or None), ``n_folds``,
+        ``folds`` (the scheme used).
     """
     grid = [dict(g) for g in grid]
     if not grid:
         raise ValueError("the selection grid is empty; give at least one configuration.")
-    folds = cv_folds(problem.yt, max_folds)
-    if not folds:
-        table = [{"params": g, "cv_accuracy": None, "n_folds": 0} for g in grid]
-        table[0]["note"] = "fewer than 2 labelled target samples in some class: no CV possible"
+    scheme = folds
+    if scheme == "auto":
+        scheme = "loo" if len(problem.yt) <= loo_max else "per_class"
+    held_sets = cv_folds(problem.yt, max_folds, scheme)
+    if not held_sets:
+        table = [{"params": g, "cv_accuracy": None, "n_folds": 0, "folds": scheme} for g in grid]
+        table[0]["note"] = "too few labelled target samples per class: no CV possible"
         return grid[0], table
     all_idx = np.arange(len(problem.yt))
     subs = []
-    for held in folds:
+    for held in held_sets:
         train = np.setdiff1d(all_idx, held)
         subs.append((sub_problem(problem, train, held), problem.yt[held]))
     table = []
+    n_held = sum(len(yh) for _, yh in subs)
     for g in grid:
-        accs = [float(np.mean(fit_predict(method, g, sp).y_pred == yh)) for sp, yh in subs]
-        table.append({"params": g, "cv_accuracy": float(np.mean(accs)), "n_folds": len(folds)})
+        hits = sum(int(np.sum(fit_predict(method, g, sp).y_pred == yh)) for sp, yh in subs)
+        table.append(
+            {
+                "params": g,
+                "cv_accuracy": hits / n_held,
+                "n_folds": len(subs),
+                "folds": scheme,
+            }
+        )
     best = max(range(len(grid)), key=lambda i: (table[i]["cv_accuracy"], -i))
     return grid[best], table
