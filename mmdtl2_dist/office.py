@@ -40,7 +40,8 @@ class MethodSpec:
 
 
 # The columns of the table. "select" entries are chosen per split by cross-validation on
-# the labelled target samples (see mmdtl2_dist.core.selection); the rest are fixed.
+# the labelled target samples (see mmdtl2_dist.core.selection; "cv_*" entries are
+# passed to select_by_cv without the prefix, e.g. cv_folds="loo"); the rest are fixed.
 DEFAULT_COLUMNS: tuple[MethodSpec, ...] = (
     MethodSpec("source SVM", "source_svm", {}),
     MethodSpec("target SVM", "target_svm", {}),
@@ -110,7 +111,8 @@ def _run_split(source, target, trial, columns, preprocessing):
             chosen = None
             if "select" in params:
                 grid = SELECTION_GRIDS[params.pop("select")]
-                chosen, _ = select_by_cv(col.method, [{**params, **g} for g in grid], prob)
+                cv = {k[3:]: params.pop(k) for k in list(params) if k.startswith("cv_")}
+                chosen, _ = select_by_cv(col.method, [{**params, **g} for g in grid], prob, **cv)
                 params = chosen
             res = fit_predict(col.method, params, prob)
             acc = float(np.mean(res.y_pred == yq))

@@ -149,46 +149,73 @@ def _null_space_rays(base, r, Z, lo, hi):
     return pos
 
 
+def _ratio(pos, d, lo, hi):
+    """Largest ``t`` in [0, 1] with ``lo ≤ pos + t d ≤ hi``, and the blocking index."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_up = np.where(d > 0, (hi - pos) / d, np.inf)
+        t_lo = np.where(d < 0, (lo - pos) / d, np.inf)
+    t_all = np.maximum(np.minimum(t_up, t_lo), 0.0)
+    i = int(np.argmin(t_all)) if t_all.size else 0
+    return (min(1.0, float(t_all[i])) if t_all.size else 1.0), i
+
+
 def _polish(H, f, x, lb, ub):
-    """One Newton step on the free variables, clipped to the box; returns (x, g).
+    """Newton steps on the free variables, kept in the box; returns (x, g).
 
     The free set is the one a primal-dual active-set method would guess: variables
     strictly inside the box and variables on a bound that the gradient pushes inward.
-    When the free block is singular and the Newton system has no solution, the
-    least-squares residual ``r`` lies in its null space, where the objective is linear
-    and decreasing along ``r``: the step then follows the null space to the bounds
-    (:func:`_null_space_rays`; the free variables a singular block has too many leave).
+    Then a primal active-set loop: the Newton step of the free block is taken as far as
+    the box allows; if a variable blocks it, that variable is fixed at its bound and the
+    step is recomputed for the others (monotone in the objective, at most one
+    factorisation per dropped variable). When the free block is singular and the
+    Newton system has no solution, the least-squares residual ``r`` lies in its null
+    space, where the objective is linear and decreasing along ``r``: the step then
+    follows the null space to the bounds (:func:`_null_space_rays`).
     """
     g = H @ x - f
     span = np.where(np.isfinite(ub), ub - lb, np.abs(lb) + 1.0)
     eps = 1e-12 * np.maximum(span, 1e-300)
     free = np.flatnonzero(((x > lb + eps) | (g < 0.0)) & ((x < ub - eps) | (g > 0.0)))
-    if free.size == 0:
-        return x, g
-    Hff = H[np.ix_(free, free)]
-    gF = g[free]
-    lo, hi = lb[free], ub[free]
-    step = None
-    try:
-        cf = sla.cho_factor(Hff, check_finite=False)
-        piv = np.diag(cf[0]) ** 2
-        # A factor with tiny pivots belongs to a numerically singular block (assembled
-        # Grams carry rounding noise in their null space): its step would be garbage.
-        if np.min(piv) > SINGULAR_RTOL * np.max(piv):
-            step = sla.cho_solve(cf, -gF)
-    except (sla.LinAlgError, ValueError):
-        pass
-    if step is None:
-        w, V = np.linalg.eigh(Hff)
-        keep = w > SINGULAR_RTOL * max(float(w[-1]), 1e-300)
-        step = V[:, keep] @ ((V[:, keep].T @ -gF) / w[keep])
-        Z = V[:, ~keep]  # orthonormal basis of the null space of the free block
-        r = Z @ (Z.T @ -gF)  # descent direction in it: the objective is linear there
-        if np.linalg.norm(r) > 1e-10 * max(float(np.linalg.norm(gF)), 1e-300):
-            step = _null_space_rays(x[free] + step, r, Z, lo, hi) - x[free]
-    out = x.copy()
-    out[free] = np.clip(x[free] + step, lo, hi)
-    return out, H @ out - f
+    pos = x.copy()
+    for _ in range(free.size):
+        if free.size == 0:
+            break
+        Hff = H[np.ix_(free, free)]
+        gF = H[free] @ pos - f[free]
+        lo, hi = lb[free], ub[free]
+        step, Z = None, None
+        try:
+            cf = sla.cho_factor(Hff, check_finite=False)
+            piv = np.diag(cf[0]) ** 2
+            # A factor with tiny pivots belongs to a numerically singular block
+            # (assembled Grams carry rounding noise in their null space).
+            if np.min(piv) > SINGULAR_RTOL * np.max(piv):
+                step = sla.cho_solve(cf, -gF)
+        except (sla.LinAlgError, ValueError):
+            pass
+        if step is None:
+            w, V = np.linalg.eigh(Hff)
+            keep = w > SINGULAR_RTOL * max(float(w[-1]), 1e-300)
+            step = V[:, keep] @ ((V[:, keep].T @ -gF) / w[keep])
+            Z = V[:, ~keep]  # orthonormal basis of the null space of the free block
+        t, i = _ratio(pos[free], step, lo, hi)
+        if t < 1.0:  # blocked: go as far as the box allows, fix the blocking variable
+            pos[free] = np.clip(pos[free] + t * step, lo, hi)
+            pos[free[i]] = hi[i] if step[i] > 0 else lo[i]
+            free = np.delete(free, i)
+            continue
+        pos[free] = np.clip(pos[free] + step, lo, hi)
+        if Z is None:
+            break
+        r = Z @ (Z.T @ -gF)  # descent direction in the null space: linear there
+        if np.linalg.norm(r) <= 1e-10 * max(float(np.linalg.norm(gF)), 1e-300):
+            break
+        pos[free] = _null_space_rays(pos[free], r, Z, lo, hi)
+        inside = (pos[free] > lo + eps[free]) & (pos[free] < hi - eps[free])
+        if inside.all():
+            break
+        free = free[inside]  # the Newton step of the smaller set comes next
+    return pos, H @ pos - f
 
 
 class DCDResult(NamedTuple):
