@@ -175,7 +175,10 @@ def svm_step_sqhinge(
         yk = np.where(y == k, 1.0, -1.0)
         H = Kz * np.outer(yk, yk)
         H.flat[:: len(y) + 1] += D
-        res = solve_box_qp(H, np.ones(len(y)), 0.0, np.inf, solver=solver, tol=tol)
+        # "pdas" (our own solvers) runs coordinate descent here: liblinear's method for
+        # this very dual, finished by exact Newton steps (core/dcd.py).
+        qp_solver = "dcd" if solver == "pdas" else solver
+        res = solve_box_qp(H, np.ones(len(y)), 0.0, np.inf, solver=qp_solver, tol=tol)
         beta[:, k] = res.x * yk
         qps.append(res)
     return beta, qps
