@@ -107,3 +107,21 @@ def test_front_end_dcd_matches_osqp_on_svm_dual():
     assert abs(a.objective - o.objective) <= 1e-6 * abs(o.objective)
     # θ is unique: compare it, not α.
     np.testing.assert_allclose(X.T @ (a.x * y), X.T @ (o.x * y), atol=1e-4)
+
+
+def test_front_end_falls_back_when_coordinate_descent_stalls():
+    """Condition number ~1e10 (a squared-hinge dual of features on scales 1..1e5):
+    coordinate descent stalls far from tol; the front end then runs the active-set
+    chain from the caller's start and keeps the better point, no worse than "pdas"."""
+    rng = np.random.default_rng(0)
+    n, r = 60, 20
+    A = rng.standard_normal((n, r)) * np.logspace(0, 5, r)[None, :]
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    H = (A @ A.T) * np.outer(y, y) + 0.5 * np.eye(n)
+    d = 1 / np.sqrt(np.diag(H))
+    raw = dcd_box_qp(H * np.outer(d, d), d, np.zeros(n), np.full(n, np.inf), None, 1e-8)
+    assert not raw.ok  # the situation under test
+    a = solve_box_qp(H, np.ones(n), 0.0, np.inf, solver="dcd", tol=1e-8)
+    p = solve_box_qp(H, np.ones(n), 0.0, np.inf, solver="pdas", tol=1e-8)
+    assert a.kkt_residual <= max(p.kkt_residual, 1e-8) * 1.01
+    assert a.objective <= p.objective + 1e-9 * abs(p.objective)

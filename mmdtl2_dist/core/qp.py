@@ -330,13 +330,17 @@ def solve_box_qp(
     iters = 0
     status = "solved"
     y = None
+    dcd_point = None
     if solver == "dcd":
         from mmdtl2_dist.core.dcd import dcd_box_qp
 
         fscale = max(1.0, float(np.max(np.abs(fs), initial=0.0)))
         y, iters, ok, _ = dcd_box_qp(Hs, fs, lbs, ubs, y0, tol * fscale)
-        if not ok:  # continue with the active-set chain from the coordinate-descent point
-            y0, solver, used = y, "pdas", "dcd+pdas"
+        if not ok:
+            # The active-set chain, from where the caller asked (coordinate descent can
+            # stall on very ill-conditioned Hessians in a corner the chain would not
+            # choose); the better of the two points is kept below.
+            dcd_point, solver, used = y, "pdas", "dcd+pdas"
             y = None
     if solver == "pdas":
         # A larger proximal weight makes the active-set iteration more stable on
@@ -386,6 +390,10 @@ def solve_box_qp(
                 f"OSQP returned no solution (status {status!r}) for a box QP of size {n}."
             )
     res = kkt_residual(Hs, fs, y, lbs, ubs)
+    if dcd_point is not None:
+        res_dcd = kkt_residual(Hs, fs, dcd_point, lbs, ubs)
+        if res_dcd < res:
+            y, res, used, status = dcd_point, res_dcd, "dcd", "solved"
     x = np.clip(y * d, lb, ub)
     if res > tol:
         # OSQP's own tolerances are on the ADMM residuals; check the KKT conditions here.
