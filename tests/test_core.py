@@ -324,3 +324,38 @@ def test_cv_fold_schemes():
     assert len(cv_folds(np.repeat(np.arange(10), 7), scheme="auto", loo_max=60)) == 7
     with pytest.raises(ValueError, match="fold scheme"):
         cv_folds(yt, scheme="kfold")
+
+
+def test_multiclass_hinge_and_tie_break():
+    """The held-out hinge loss by hand, and the selection rule on a real CV table."""
+    from mmdtl2_dist.core.methods import GramProblem
+    from mmdtl2_dist.core.selection import _multiclass_hinge, select_by_cv
+
+    scores = np.array([[2.0, 0.5, -1.0], [0.2, 0.4, 0.0], [0.0, 0.0, 3.0]])
+    classes = np.array([10, 20, 30])
+    # true 10: 1 + 0.5 - 2 < 0 -> 0; true 10: 1 + 0.4 - 0.2 = 1.2; true 30: 1 + 0 - 3 -> 0
+    np.testing.assert_allclose(
+        _multiclass_hinge(scores, classes, np.array([10, 10, 30])), [0.0, 1.2, 0.0]
+    )
+    rng = np.random.default_rng(4)
+    N, M, Q, L, K = 30, 12, 20, 6, 3
+    ys, yt = np.arange(N) % K, np.arange(M) % K
+    means = 2 * rng.standard_normal((K, L))
+    Xs = means[ys] + rng.standard_normal((N, L))
+    Xt = means[yt] + 1.0 + rng.standard_normal((M, L))
+    Xq = means[np.arange(Q) % K] + 1.0 + rng.standard_normal((Q, L))
+    prob = GramProblem(
+        ys=ys, yt=yt, Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=Xt @ Xq.T,
+        sq_q=(Xq**2).sum(1), Kst=Xs @ Xt.T, Ksq=Xs @ Xq.T,
+    )  # fmt: skip
+    grid = [{"c_f": c} for c in (0.01, 0.1, 1.0, 10.0)]
+    for tb in ("hinge", "order"):
+        best, table = select_by_cv("mmdtl2", grid, prob, tie_break=tb)
+        rank = [
+            (r["cv_accuracy"], -r["cv_hinge"] if tb == "hinge" else 0.0, -i)
+            for i, r in enumerate(table)
+        ]
+        assert best == grid[max(range(len(grid)), key=rank.__getitem__)]
+        assert all(r["cv_hinge"] >= 0 for r in table)
+    with pytest.raises(ValueError, match="tie_break"):
+        select_by_cv("mmdtl2", grid, prob, tie_break="random")
