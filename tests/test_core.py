@@ -359,3 +359,7 @@ def test_multiclass_hinge_and_tie_break():
         assert all(r["cv_hinge"] >= 0 for r in table)
     with pytest.raises(ValueError, match="tie_break"):
         select_by_cv("mmdtl2", grid, prob, tie_break="random")
+    # "auto": hinge ties for a grid over c_f, first-listed ties for a grid over c_t.
+    assert {r["tie_break"] for r in select_by_cv("mmdtl2", grid, prob)[1]} == {"hinge"}
+    grid_ct = [{"c_t": 0.1}, {"c_t": 1.0}]
+    assert {r["tie_break"] for r in select_by_cv("mmdtl2", grid_ct, prob)[1]} == {"order"}

@@ -123,8 +123,10 @@ def _null_space_rays(base, r, Z, lo, hi):
     """
     pos = base.copy()
     Z = Z.copy()
+    fixed = np.zeros(pos.shape[0], dtype=bool)
     for _ in range(Z.shape[1]):
         d = Z @ (Z.T @ r)
+        d[fixed] = 0.0  # zero up to rounding already: do not let it block again
         if np.linalg.norm(d) <= 1e-12 * max(float(np.linalg.norm(r)), 1e-300):
             break
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -137,6 +139,7 @@ def _null_space_rays(base, r, Z, lo, hi):
             break  # unbounded along d: leave it to the sweeps and the caller's checks
         pos += t * d
         pos[i] = hi[i] if d[i] > 0 else lo[i]
+        fixed[i] = True
         z = Z[i].copy()  # restrict the basis to {Z t : (Z t)_i = 0}
         nz = float(np.linalg.norm(z))
         if Z.shape[1] == 1:
@@ -146,6 +149,7 @@ def _null_space_rays(base, r, Z, lo, hi):
             u[0] += np.copysign(nz, z[0]) if z[0] != 0 else nz
             u /= np.linalg.norm(u)
             Z = (Z - 2.0 * np.outer(Z @ u, u))[:, 1:]
+            Z[i] = 0.0
     return pos
 
 
@@ -239,7 +243,7 @@ def dcd_box_qp(H, f, lb, ub, x0, tol, max_epochs=5_000, seed=0) -> DCDResult:
     H : ndarray (n, n)
         Symmetric positive semi-definite, C-contiguous, non-negative diagonal.
     f, lb, ub : ndarray (n,)
-        Linear term and bounds (``ub`` may be ``inf``).
+        Linear term and bounds (``lb`` finite, ``ub`` may be ``inf``).
     x0 : ndarray (n,) or None
         Warm start (clipped to the box).
     tol : float

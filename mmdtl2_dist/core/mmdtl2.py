@@ -297,7 +297,7 @@ def svm_step(
     # source samples, which dual coordinate descent with polishing is made for.
     dg = np.diag(Kv) + 1.0
     d = np.where(dg > 0, 1.0 / np.sqrt(np.where(dg > 0, dg, 1.0)), 1.0)
-    fscale = max(1.0, float(np.max(d)))
+    fscale = max(1.0, float(np.max(d, initial=1.0)))
     for k in range(K):
         y = Y[k]
         if mirrored and k == 1:
@@ -325,7 +325,10 @@ def svm_step(
             # end's active-set chain from where the caller asked; the better point is kept.
             H = (Kv + 1.0) * np.outer(y, y)
             try:
-                res = solve_box_qp(H, np.ones(n), 0.0, cost, solver=solver, tol=tol, x0=x0)
+                res = solve_box_qp(
+                    H, np.ones(n), 0.0, cost, solver=solver, tol=tol, x0=x0,
+                    fallback_point=None if dcd_res is None else dcd_res.x,
+                )  # fmt: skip
             except QPSolveError:
                 # The same acceptance rule as the front end's: within 1e3 tol or 1e-5.
                 if dcd_res is None or dcd_res.kkt_residual > max(1e3 * tol, 1e-5):

@@ -278,6 +278,7 @@ def solve_box_qp(
     tol: float = 1e-8,
     max_iter: int | None = None,
     x0: np.ndarray | None = None,
+    fallback_point: np.ndarray | None = None,
 ) -> QPResult:
     """Minimise ``½ xᵀHx - fᵀx`` subject to ``lb <= x <= ub``.
 
@@ -297,6 +298,10 @@ def solve_box_qp(
         Iteration cap (default 100 active-set iterations for ``pdas``, 200,000 for ``osqp``).
     x0 : ndarray of shape (n,), optional
         Warm start.
+    fallback_point : ndarray of shape (n,), optional
+        A point the caller already has (e.g. from coordinate descent that missed
+        ``tol``): kept as a candidate of the fallback chain, so an acceptable one spares
+        the last-resort solve and the better point is returned.
 
     Returns
     -------
@@ -330,7 +335,11 @@ def solve_box_qp(
     iters = 0
     status = "solved"
     y = None
-    dcd_point = None
+    dcd_point = (
+        None
+        if fallback_point is None
+        else np.clip(np.asarray(fallback_point, dtype=np.float64) / d, lbs, ubs)
+    )
     if solver == "dcd":
         from mmdtl2_dist.core.dcd import dcd_box_qp
 
@@ -357,6 +366,9 @@ def solve_box_qp(
             # projected Newton method does not.
             order = ("osqp", "newton") if n <= 1500 else ("newton", "osqp")
             cands = [(kkt_residual(Hs, fs, y, lbs, ubs), y, "pdas", "solved")]
+            if dcd_point is not None:
+                res_dcd = kkt_residual(Hs, fs, dcd_point, lbs, ubs)
+                cands.append((res_dcd, dcd_point, "dcd", "solved"))
             for alt in order:
                 if alt == "osqp":
                     # Capped: on very singular problems OSQP can crawl; Newton comes next.
