@@ -46,11 +46,9 @@ def fresh_split(source: str, target: str, k: int):
         [rng.choice(np.flatnonzero(yt_all == c), 3, replace=False) for c in np.unique(yt_all)]
     )
     test = np.setdiff1d(np.arange(len(yt_all)), lab)
-    Xs, Xt, Xq = Xs_all[src], Xt_all[lab], Xt_all[test]
-    prob = GramProblem(
-        ys=ys_all[src], yt=yt_all[lab], Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=Xt @ Xq.T,
-        sq_q=np.einsum("ij,ij->i", Xq, Xq), Kst=Xs @ Xt.T, Ksq=Xs @ Xq.T, Kqq=Xq @ Xq.T,
-    )  # fmt: skip
+    prob = GramProblem.from_features(
+        Xs_all[src], ys_all[src], Xt_all[lab], yt_all[lab], Xt_all[test]
+    )
     return prob, yt_all[test]
 
 

@@ -406,12 +406,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                     f"unknown parameter(s) {sorted(bad)} in select; valid: {sorted(keys)}."
                 )
             grid.append({**{k: base[k] for k in keys}, **g})
-        shared = Xs.shape[1] == Xt.shape[1]
-        empty = np.zeros((len(yt), 0))
-        prob = GramProblem(
-            ys=ys, yt=yt, Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=empty, sq_q=np.zeros(0),
-            Kst=Xs @ Xt.T if shared else None, Ksq=np.zeros((len(ys), 0)) if shared else None,
-        )  # fmt: skip
+        # CV uses the training blocks only: no test samples.
+        prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False)
         best, table = select_by_cv("mmdtl2", grid, prob)
         self.selection_ = table
         self.selected_params_ = {k: best[k] for k in best if any(k in g for g in self.select)}
@@ -628,11 +624,7 @@ class MMDTHoffman(_AdaptationBase):
         Xq = self.target_preprocessing_.transform(
             check_features(X, self.n_features_in_, owner=type(self).__name__)
         )
-        Xs, Xt = self._Xs, self._Xt
-        prob = GramProblem(
-            ys=self._ys, yt=self._yt, Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=Xt @ Xq.T,
-            sq_q=np.einsum("ij,ij->i", Xq, Xq), Kst=Xs @ Xt.T, Ksq=Xs @ Xq.T, Kqq=Xq @ Xq.T,
-        )  # fmt: skip
+        prob = GramProblem.from_features(self._Xs, self._ys, self._Xt, self._yt, Xq)
         params = {
             k: getattr(self, k) for k in ("c_s", "c_t", "gamma", "n_iter", "pca_dim", "faithful")
         }

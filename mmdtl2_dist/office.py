@@ -82,17 +82,12 @@ def split_problem(source: str, target: str, trial: int, preprocessing: str = "l2
     Xs_all, ys_all = _domain_gram(source, preprocessing)
     Xt_all, yt_all = _domain_gram(target, preprocessing)
     sp = load_hoffman_splits(source, target)[trial]
-    Xs, Xt, Xq = Xs_all[sp.source_train], Xt_all[sp.target_train], Xt_all[sp.target_test]
-    prob = GramProblem(
-        ys=ys_all[sp.source_train],
-        yt=yt_all[sp.target_train],
-        Kss=Xs @ Xs.T,
-        Ktt=Xt @ Xt.T,
-        Ktq=Xt @ Xq.T,
-        sq_q=np.einsum("ij,ij->i", Xq, Xq),
-        Kst=Xs @ Xt.T,
-        Ksq=Xs @ Xq.T,
-        Kqq=Xq @ Xq.T,
+    prob = GramProblem.from_features(
+        Xs_all[sp.source_train],
+        ys_all[sp.source_train],
+        Xt_all[sp.target_train],
+        yt_all[sp.target_train],
+        Xt_all[sp.target_test],
     )
     return prob, yt_all[sp.target_test]
 

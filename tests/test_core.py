@@ -344,10 +344,7 @@ def test_multiclass_hinge_and_tie_break():
     Xs = means[ys] + rng.standard_normal((N, L))
     Xt = means[yt] + 1.0 + rng.standard_normal((M, L))
     Xq = means[np.arange(Q) % K] + 1.0 + rng.standard_normal((Q, L))
-    prob = GramProblem(
-        ys=ys, yt=yt, Kss=Xs @ Xs.T, Ktt=Xt @ Xt.T, Ktq=Xt @ Xq.T,
-        sq_q=(Xq**2).sum(1), Kst=Xs @ Xt.T, Ksq=Xs @ Xq.T,
-    )  # fmt: skip
+    prob = GramProblem.from_features(Xs, ys, Xt, yt, Xq, test_gram=False)
     grid = [{"c_f": c} for c in (0.01, 0.1, 1.0, 10.0)]
     for tb in ("hinge", "order"):
         best, table = select_by_cv("mmdtl2", grid, prob, tie_break=tb)

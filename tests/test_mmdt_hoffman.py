@@ -83,17 +83,7 @@ def mmdt_hoffman_features(p, Xs, ys, Xt, yt, Xq):
 
 
 def _problem(Xs, ys, Xt, yt, Xq, kqq=True):
-    return GramProblem(
-        ys=ys,
-        yt=yt,
-        Kss=Xs @ Xs.T,
-        Ktt=Xt @ Xt.T,
-        Ktq=Xt @ Xq.T,
-        sq_q=np.einsum("ij,ij->i", Xq, Xq),
-        Kst=Xs @ Xt.T,
-        Ksq=Xs @ Xq.T,
-        Kqq=Xq @ Xq.T if kqq else None,
-    )
+    return GramProblem.from_features(Xs, ys, Xt, yt, Xq, test_gram=kqq)
 
 
 def _data(seed, K, L=12, n_s=6, n_t=2, Q=15, labels=None):

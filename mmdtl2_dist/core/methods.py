@@ -96,6 +96,27 @@ class GramProblem:
     Ksq: np.ndarray | None = None
     Kqq: np.ndarray | None = None
 
+    @classmethod
+    def from_features(cls, Xs, ys, Xt, yt, Xq, *, test_gram: bool = True) -> GramProblem:
+        """The linear Gram blocks of preprocessed features, for one split in memory.
+
+        ``Xs`` (N, Ls) source training, ``Xt`` (M, Lt) labelled target training and
+        ``Xq`` (Q, Lt) target test features. The source × target blocks are formed when
+        ``Ls == Lt`` (one feature space), the test × test Gram ``Kqq`` when ``test_gram``.
+        """
+        shared = Xs.shape[1] == Xt.shape[1]
+        return cls(
+            ys=ys,
+            yt=yt,
+            Kss=Xs @ Xs.T,
+            Ktt=Xt @ Xt.T,
+            Ktq=Xt @ Xq.T,
+            sq_q=np.einsum("ij,ij->i", Xq, Xq),
+            Kst=Xs @ Xt.T if shared else None,
+            Ksq=Xs @ Xq.T if shared else None,
+            Kqq=Xq @ Xq.T if test_gram else None,
+        )
+
     @property
     def shared_space(self) -> bool:
         return self.Kst is not None and self.Ksq is not None
