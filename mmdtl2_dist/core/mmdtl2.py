@@ -53,9 +53,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mmdtl2_dist.core.dcd import dcd_box_qp, svm_hessian
-from mmdtl2_dist.core.errors import QPSolveError
-from mmdtl2_dist.core.qp import QPResult, solve_box_qp
+from mmdtl2_dist.core.dcd import svm_hessian
+from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_box_qp, solve_scaled_box_qp
 
 EIG_RTOL = 1e-13  # eigenvalues of Kt below this fraction of the largest are numerical zeros
 
@@ -292,49 +291,28 @@ def svm_step(
     # Two classes: the second one-vs-rest problem is the first with every label flipped,
     # the same QP (Hessian Y Kb Y unchanged), so α is shared and coef, b change sign.
     mirrored = K == 2 and np.array_equal(Y[1], -Y[0])
-    # Jacobi scaling as in solve_box_qp (residuals are reported in the same units); the
-    # Hessian Y Kb Y is singular whenever transformed targets lie in the span of the
-    # source samples, which dual coordinate descent with polishing is made for.
-    dg = np.diag(Kv) + 1.0
-    d = np.where(dg > 0, 1.0 / np.sqrt(np.where(dg > 0, dg, 1.0)), 1.0)
-    fscale = max(1.0, float(np.max(d, initial=1.0)))
+    d = jacobi_scale(np.diag(Kv) + 1.0)
+    # The Hessian Y Kb Y is singular whenever transformed targets lie in the span of the
+    # source samples: "pdas" (our own solvers) runs dual coordinate descent with an
+    # active-set polish here, and the active-set chain only if that misses tol.
+    qp_solver = "dcd" if solver == "pdas" else solver
     for k in range(K):
         y = Y[k]
         if mirrored and k == 1:
             coef[:, 1] = -coef[:, 0]
             qps.append(qps[0])
             continue
-        x0 = None if alpha0 is None else alpha0[k]
-        res = dcd_res = None
-        if solver == "pdas":
-            t0 = time.perf_counter()
-            Hs = svm_hessian(Kv, y * d)
-            ys0 = None if x0 is None else np.asarray(x0, dtype=np.float64) / d
-            ub = cost / d
-            r = dcd_box_qp(Hs, d, np.zeros(n), ub, ys0, tol * fscale)
-            alpha = np.clip(r.x * d, 0.0, cost)
-            obj = float(0.5 * r.x @ (Hs @ r.x) - d @ r.x)
-            dcd_res = QPResult(
-                alpha, "solved" if r.ok else "solved inaccurate", "dcd", r.residual / fscale,
-                r.sweeps, obj, time.perf_counter() - t0,
-            )  # fmt: skip
-            if r.ok:
-                res = dcd_res
-        if res is None:
-            # Coordinate descent missed tol (or another solver was asked for): the front
-            # end's active-set chain from where the caller asked; the better point is kept.
-            H = (Kv + 1.0) * np.outer(y, y)
-            try:
-                res = solve_box_qp(
-                    H, np.ones(n), 0.0, cost, solver=solver, tol=tol, x0=x0,
-                    fallback_point=None if dcd_res is None else dcd_res.x,
-                )  # fmt: skip
-            except QPSolveError:
-                # The same acceptance rule as the front end's: within 1e3 tol or 1e-5.
-                if dcd_res is None or dcd_res.kkt_residual > max(1e3 * tol, 1e-5):
-                    raise
-            if dcd_res is not None and (res is None or dcd_res.kkt_residual < res.kkt_residual):
-                res = dcd_res
+        t0 = time.perf_counter()
+        # Jacobi-scaled as in solve_box_qp, the scaled Hessian built in one compiled pass.
+        r = solve_scaled_box_qp(
+            svm_hessian(Kv, y * d), d, 0.0, cost / d, solver=qp_solver, tol=tol,
+            y0=None if alpha0 is None else alpha0[k] / d,
+        )  # fmt: skip
+        alpha = np.clip(r.x * d, 0.0, cost)
+        res = QPResult(
+            alpha, r.status, r.solver, r.kkt_residual, r.iterations, r.objective,
+            time.perf_counter() - t0,
+        )  # fmt: skip
         coef[:, k] = res.x * y
         qps.append(res)
     return SVMStepResult(coef, coef.sum(axis=0), qps)

@@ -278,7 +278,6 @@ def solve_box_qp(
     tol: float = 1e-8,
     max_iter: int | None = None,
     x0: np.ndarray | None = None,
-    fallback_point: np.ndarray | None = None,
 ) -> QPResult:
     """Minimise ``½ xᵀHx - fᵀx`` subject to ``lb <= x <= ub``.
 
@@ -298,10 +297,6 @@ def solve_box_qp(
         Iteration cap (default 100 active-set iterations for ``pdas``, 200,000 for ``osqp``).
     x0 : ndarray of shape (n,), optional
         Warm start.
-    fallback_point : ndarray of shape (n,), optional
-        A point the caller already has (e.g. from coordinate descent that missed
-        ``tol``): kept as a candidate of the fallback chain, so an acceptable one spares
-        the last-resort solve and the better point is returned.
 
     Returns
     -------
@@ -325,21 +320,52 @@ def solve_box_qp(
     # orders of magnitude (G grows like 1/c_f), and a unit diagonal makes the active-set
     # guesses, the Newton ridge and OSQP's step sizes scale-free. Residuals are measured
     # in the scaled variables, so they do not depend on the units of the problem.
-    diag = np.diag(H)
-    d = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1.0)
-    Hs = H * np.outer(d, d)
-    fs = f * d
-    lbs, ubs = lb / d, ub / d
+    d = jacobi_scale(np.diag(H))
     y0 = None if x0 is None else np.asarray(x0, dtype=np.float64) / d
+    r = solve_scaled_box_qp(
+        H * np.outer(d, d), f * d, lb / d, ub / d, solver=solver, tol=tol, max_iter=max_iter, y0=y0
+    )
+    x = np.clip(r.x * d, lb, ub)
+    obj = float(0.5 * x @ (H @ x) - f @ x)
+    return QPResult(
+        x, r.status, r.solver, r.kkt_residual, r.iterations, obj, time.perf_counter() - t0
+    )
+
+
+def jacobi_scale(diag: np.ndarray) -> np.ndarray:
+    """``d = diag^(-1/2)`` where the diagonal is positive, 1 elsewhere (``x = d ⊙ y``)."""
+    return np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1.0)
+
+
+def solve_scaled_box_qp(
+    Hs: np.ndarray,
+    fs: np.ndarray,
+    lbs: np.ndarray,
+    ubs: np.ndarray,
+    *,
+    solver: str = "pdas",
+    tol: float = 1e-8,
+    max_iter: int | None = None,
+    y0: np.ndarray | None = None,
+) -> QPResult:
+    """The solver chain of :func:`solve_box_qp` on a checked, Jacobi-scaled problem.
+
+    ``Hs`` symmetric (C-contiguous) with a unit diagonal where ``H`` had a positive one,
+    ``fs``, ``lbs``, ``ubs`` scaled alike (``f ⊙ d``, ``l / d``, ``u / d``). For callers
+    that assemble the scaled Hessian themselves (the SVM-step builds it in one compiled
+    pass). The result is in the scaled variables; its objective is invariant to scaling.
+    """
+    t0 = time.perf_counter()
+    n = fs.shape[0]
+    if n == 0:
+        return QPResult(np.zeros(0), "solved", solver, 0.0, 0, 0.0, 0.0)
+    lbs = np.array(np.broadcast_to(np.asarray(lbs, dtype=np.float64), (n,)))
+    ubs = np.array(np.broadcast_to(np.asarray(ubs, dtype=np.float64), (n,)))
     used = solver
     iters = 0
     status = "solved"
     y = None
-    dcd_point = (
-        None
-        if fallback_point is None
-        else np.clip(np.asarray(fallback_point, dtype=np.float64) / d, lbs, ubs)
-    )
+    dcd_point = None
     if solver == "dcd":
         from mmdtl2_dist.core.dcd import dcd_box_qp
 
@@ -414,7 +440,6 @@ def solve_box_qp(
         res_dcd = kkt_residual(Hs, fs, dcd_point, lbs, ubs)
         if res_dcd < res:
             y, res, used, status = dcd_point, res_dcd, "dcd", "solved"
-    x = np.clip(y * d, lb, ub)
     if res > tol:
         # OSQP's own tolerances are on the ADMM residuals; check the KKT conditions here.
         if res > max(1e3 * tol, 1e-5):
@@ -424,5 +449,5 @@ def solve_box_qp(
                 "Increase max_iter, loosen tol, or rescale the features."
             )
         status = "solved inaccurate"
-    obj = float(0.5 * x @ (H @ x) - f @ x)
-    return QPResult(x, status, used, res, iters, obj, time.perf_counter() - t0)
+    obj = float(0.5 * y @ (Hs @ y) - fs @ y)
+    return QPResult(y, status, used, res, iters, obj, time.perf_counter() - t0)
