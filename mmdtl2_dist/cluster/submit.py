@@ -19,7 +19,6 @@ import asyncio
 import os
 import shlex
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -363,26 +362,9 @@ def follow_job(
         SUCCEEDED, FAILED or STOPPED.
     """
     out = out or sys.stdout
-    # The websocket loop runs in a daemon thread and the main thread only waits: a
-    # Ctrl-C then raises KeyboardInterrupt here at once. Run in the main thread, asyncio
-    # turns the first SIGINT into a cancellation of the tail, which the Jobs client's
-    # websocket loop can absorb, and the command kept following instead of stopping.
-    failure: list[BaseException] = []
-
-    def tail() -> None:
-        try:
-            asyncio.run(_tail(client, job_id, out))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=tail, name=f"tail-{job_id}", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.2)
-    if failure:
-        exc = failure[0]
-        if not isinstance(exc, OSError | RuntimeError | ValueError):
-            raise exc
+    try:
+        asyncio.run(_tail(client, job_id, out))
+    except (OSError, RuntimeError, ValueError) as exc:
         print(f"(log stream lost: {_first_line(exc)}; polling instead)", file=sys.stderr)
         _poll_logs(client, job_id, out, poll_interval)
     return _wait_terminal(client, job_id, poll_interval)
