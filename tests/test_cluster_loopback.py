@@ -231,6 +231,12 @@ def test_study_on_two_nodes_reports_and_logs_to_mlflow(cluster, shared, store, m
     assert cluster.alive_nodes() == 2
 
 
+SIGINT_DEFAULT_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_no_wait_follow_and_stop(cluster, shared, store):
@@ -264,6 +270,9 @@ def test_no_wait_follow_and_stop(cluster, shared, store):
 
     # Ctrl-C while following a job stops the job (exit status 130).
     argv = [*MMDTL2, *shlex.split(template.format(**v).replace(" --no-wait", ""))[1:]]
+    # Start it as a terminal would: a suite launched in the background (`make test &`,
+    # many CI runners) ignores SIGINT, and an ignored signal stays ignored across exec.
+    argv = [sys.executable, "-c", SIGINT_DEFAULT_EXEC, *argv]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     while line and "submitted job" not in line:
