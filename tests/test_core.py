@@ -326,10 +326,10 @@ def test_cv_fold_schemes():
         cv_folds(yt, scheme="kfold")
 
 
-def test_multiclass_hinge_and_tie_break():
-    """The held-out hinge loss by hand, and the selection rule on a real CV table."""
+def test_multiclass_hinge_and_selection_criteria():
+    """The held-out hinge loss by hand, and every selection rule on a real CV table."""
     from mmdtl2_dist.core.methods import GramProblem
-    from mmdtl2_dist.core.selection import _multiclass_hinge, select_by_cv
+    from mmdtl2_dist.core.selection import _multiclass_hinge, choose, select_by_cv
 
     scores = np.array([[2.0, 0.5, -1.0], [0.2, 0.4, 0.0], [0.0, 0.0, 3.0]])
     classes = np.array([10, 20, 30])
@@ -346,17 +346,34 @@ def test_multiclass_hinge_and_tie_break():
     Xq = means[np.arange(Q) % K] + 1.0 + rng.standard_normal((Q, L))
     prob = GramProblem.from_features(Xs, ys, Xt, yt, Xq, test_gram=False)
     grid = [{"c_f": c} for c in (0.01, 0.1, 1.0, 10.0)]
-    for tb in ("hinge", "order"):
-        best, table = select_by_cv("mmdtl2", grid, prob, tie_break=tb)
-        rank = [
-            (r["cv_accuracy"], -r["cv_hinge"] if tb == "hinge" else 0.0, -i)
-            for i, r in enumerate(table)
-        ]
+    for crit, tb in (("hinge", "order"), ("accuracy", "hinge"), ("accuracy", "order")):
+        best, table = select_by_cv("mmdtl2", grid, prob, criterion=crit, tie_break=tb)
+        if crit == "hinge":
+            rank = [(-r["cv_hinge"], r["cv_accuracy"], -i) for i, r in enumerate(table)]
+        else:
+            rank = [
+                (r["cv_accuracy"], -r["cv_hinge"] if tb == "hinge" else 0.0, -i)
+                for i, r in enumerate(table)
+            ]
         assert best == grid[max(range(len(grid)), key=rank.__getitem__)]
-        assert all(r["cv_hinge"] >= 0 for r in table)
+        assert all(r["cv_hinge"] >= 0 and r["criterion"] == crit for r in table)
+    # choose() on a hand-made table: the three rules pick three different rows.
+    hand = [
+        {"cv_accuracy": 0.8, "cv_hinge": 0.9},
+        {"cv_accuracy": 0.8, "cv_hinge": 0.7},
+        {"cv_accuracy": 0.7, "cv_hinge": 0.5},
+    ]
+    assert choose(hand, "accuracy", "order") == 0
+    assert choose(hand, "accuracy", "hinge") == 1
+    assert choose(hand, "hinge") == 2
     with pytest.raises(ValueError, match="tie_break"):
         select_by_cv("mmdtl2", grid, prob, tie_break="random")
-    # "auto": hinge ties for a grid over c_f, first-listed ties for a grid over c_t.
-    assert {r["tie_break"] for r in select_by_cv("mmdtl2", grid, prob)[1]} == {"hinge"}
+    with pytest.raises(ValueError, match="criterion"):
+        select_by_cv("mmdtl2", grid, prob, criterion="auc")
+    # "auto": the hinge criterion for a grid over c_f; accuracy, ties to the first listed,
+    # for a grid over c_t (the scores' scale changes with c_t).
+    rows = select_by_cv("mmdtl2", grid, prob)[1]
+    assert {(r["criterion"], r["tie_break"]) for r in rows} == {("hinge", "hinge")}
     grid_ct = [{"c_t": 0.1}, {"c_t": 1.0}]
-    assert {r["tie_break"] for r in select_by_cv("mmdtl2", grid_ct, prob)[1]} == {"order"}
+    rows = select_by_cv("mmdtl2", grid_ct, prob)[1]
+    assert {(r["criterion"], r["tie_break"]) for r in rows} == {("accuracy", "order")}
