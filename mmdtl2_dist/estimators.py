@@ -305,9 +305,13 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         Box-QP solver and KKT tolerance of both steps.
     init : {"source", "source+prior"}
         Initial SVM on the source only (paper) or on source and prior-mapped targets.
-    select : list of dict or None
-        If given, candidate parameter sets; the one with the best cross-validated accuracy
-        on the labelled target samples (leave one per class out) is used (issue 8).
+    select : str, list of dict or None
+        If given, candidate parameter sets, or the name of a grid of
+        :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the identity
+        prior's mixing weight 0, 0.25, …, 1). The set that cross-validates best on the
+        labelled target samples (one per class held out per fold; lowest held-out hinge
+        loss when the grid keeps ``c_s``, ``c_t`` and the kernel fixed, else best
+        accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used (issue 8).
     allow_target_only_classes : bool
         Accept target classes with no source sample (their hyperplane starts from an
         all-negative source SVM).
@@ -392,14 +396,22 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         return self
 
     def _select(self, Xs, ys, Xt, yt, base):
-        from mmdtl2_dist.core.selection import select_by_cv
+        from mmdtl2_dist.core.selection import NAMED_GRIDS, select_by_cv
 
-        if self.prior == "matrix" or any(g.get("prior") == "matrix" for g in self.select):
+        select = self.select
+        if isinstance(select, str):
+            if select not in NAMED_GRIDS:
+                raise ValueError(
+                    f"unknown select grid {select!r}; name one of {sorted(NAMED_GRIDS)} "
+                    "or pass a list of parameter dicts."
+                )
+            select = NAMED_GRIDS[select]
+        if self.prior == "matrix" or any(g.get("prior") == "matrix" for g in select):
             raise ValueError("select does not support prior='matrix'; select over zero/identity.")
         keys = {"c_f", "c_d", "c_t", "c_s", "kernel", "gamma", "degree", "coef0", "prior"}
         keys |= {"prior_weight", "max_iter", "tol", "qp_solver", "qp_tol", "init"}
         grid = []
-        for g in self.select:
+        for g in select:
             bad = set(g) - keys
             if bad:
                 raise ValueError(
@@ -410,7 +422,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False)
         best, table = select_by_cv("mmdtl2", grid, prob)
         self.selection_ = table
-        self.selected_params_ = {k: best[k] for k in best if any(k in g for g in self.select)}
+        self.selected_params_ = {k: best[k] for k in best if any(k in g for g in select)}
         return {**base, **best}
 
     def _fit_chosen(self, Xs, ys, Xt, yt, p):
