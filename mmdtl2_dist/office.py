@@ -25,6 +25,7 @@ import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
+from mmdtl2_dist.core.selection import NAMED_GRIDS
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain, load_hoffman_splits
 
 SHORT = {"amazon": "A", "webcam": "W", "dslr": "D", "caltech": "C"}
@@ -51,19 +52,12 @@ DEFAULT_COLUMNS: tuple[MethodSpec, ...] = (
     MethodSpec("MMDTL2 RBF", "mmdtl2", {"kernel": "rbf"}),
     MethodSpec("MMDTL2 poly", "mmdtl2", {"kernel": "poly"}),
     MethodSpec("MMDTL2 identity prior", "mmdtl2", {"prior": "identity"}),
-    MethodSpec("MMDTL2 CV-selected", "mmdtl2", {"select": "prior_cf"}),
+    MethodSpec("MMDTL2 CV-selected", "mmdtl2", {"select": "prior_weight"}),
 )
 
-# Issue 8: prior and c_f chosen per split by CV on the labelled targets only.
-SELECTION_GRIDS = {
-    "prior_cf": [
-        {"prior": "zero", "c_f": 0.1},
-        {"prior": "identity", "c_f": 0.1},
-        {"prior": "identity", "c_f": 1.0},
-        {"prior": "identity", "c_f": 10.0},
-        {"prior": "identity", "prior_weight": 0.5, "c_f": 1.0},
-    ],
-}
+# Issue 8: the prior's mixing weight chosen per split by CV on the labelled targets only.
+# A column's "select" names a grid of mmdtl2_dist.core.selection.NAMED_GRIDS.
+SELECTION_GRIDS = NAMED_GRIDS
 
 _CACHE: dict = {}
 
