@@ -294,7 +294,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         user's ``W0`` of shape (Ls, Lt) or (Ls, Lt + 1) (e.g. learned by an alignment
         method, for ``Ls ≠ Lt``).
     prior_weight : float
-        ``μ`` in ``W0 = μ I`` for the identity prior (0 = paper, 1 = identity).
+        ``μ`` scaling the prior: ``μ I`` for the identity prior (0 = paper, 1 = identity),
+        ``μ W0`` for the matrix prior. ``select="prior_weight"`` cross-validates it.
     W0 : ndarray or None
         The prior matrix for ``prior="matrix"``.
     preprocessing : {"none", "l2", "zscore", "l2_zscore"}
@@ -406,10 +407,11 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                     "or pass a list of parameter dicts."
                 )
             select = NAMED_GRIDS[select]
-        if self.prior == "matrix" or any(g.get("prior") == "matrix" for g in select):
-            raise ValueError("select does not support prior='matrix'; select over zero/identity.")
+            if self.prior == "matrix":  # the weight of the user's map, not of the identity
+                select = [{k: v for k, v in g.items() if k != "prior"} for g in select]
         keys = {"c_f", "c_d", "c_t", "c_s", "kernel", "gamma", "degree", "coef0", "prior"}
         keys |= {"prior_weight", "max_iter", "tol", "qp_solver", "qp_tol", "init"}
+        dims = (Xs.shape[1], Xt.shape[1])
         grid = []
         for g in select:
             bad = set(g) - keys
@@ -418,8 +420,12 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                     f"unknown parameter(s) {sorted(bad)} in select; valid: {sorted(keys)}."
                 )
             grid.append({**{k: base[k] for k in keys}, **g})
-        # CV uses the training blocks only: no test samples.
-        prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False)
+        # CV uses the training blocks only: no test samples. A matrix prior enters through
+        # the Grams of the mapped targets, at weight 1 (prior_weight scales them in the core).
+        W0 = None
+        if any(g["prior"] == "matrix" for g in grid):
+            W0 = self._prior_matrix({**base, "prior": "matrix", "prior_weight": 1.0}, *dims)
+        prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False, W0=W0)
         best, table = select_by_cv("mmdtl2", grid, prob)
         self.selection_ = table
         self.selected_params_ = {k: best[k] for k in best if any(k in g for g in select)}
@@ -476,7 +482,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                 )
             if not np.all(np.isfinite(W0)):
                 raise ValueError("W0 contains NaN or Inf.")
-            return W0
+            return p["prior_weight"] * W0
         raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
 
     def _prior_targets(self, Xt, p, Ls, Lt):

@@ -377,3 +377,23 @@ def test_multiclass_hinge_and_selection_criteria():
     grid_ct = [{"c_t": 0.1}, {"c_t": 1.0}]
     rows = select_by_cv("mmdtl2", grid_ct, prob)[1]
     assert {(r["criterion"], r["tie_break"]) for r in rows} == {("accuracy", "order")}
+
+
+def test_sub_problem_equals_the_split_built_from_features():
+    """Every block of a CV fold (matrix-prior blocks included) equals the one built from
+    the fold's own features: the fold sees exactly its training targets, and its held-out
+    targets as test samples."""
+    from mmdtl2_dist.core.methods import GramProblem
+    from mmdtl2_dist.core.selection import sub_problem
+
+    rng = np.random.default_rng(9)
+    Xs, Xt = rng.standard_normal((8, 5)), rng.standard_normal((6, 5))
+    ys, yt = np.arange(8) % 2, np.arange(6) % 2
+    W0 = rng.standard_normal((5, 6))
+    full = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], W0=W0)
+    train, held = np.array([0, 2, 3, 5]), np.array([1, 4])
+    sub = sub_problem(full, train, held)
+    ref = GramProblem.from_features(Xs, ys, Xt[train], yt[train], Xt[held], W0=W0)
+    for name in ("Kss", "Ktt", "Ktq", "sq_q", "Kst", "Ksq", "Kqq", "Ksu", "Kuu", "Ksuq", "Kuuq"):
+        np.testing.assert_allclose(getattr(sub, name), getattr(ref, name), atol=1e-12)
+    np.testing.assert_array_equal(sub.yt, yt[train])

@@ -94,6 +94,71 @@ def test_different_feature_dimensions_and_explicit_w():
     assert m.score(Xq, yq) > 1.0 / 3
 
 
+def test_matrix_prior_gram_form_equals_feature_form_across_dimensions():
+    """Ls != Lt with a user map W0 (bias column included) and a weight μ: the core's Gram
+    form (GramProblem.from_features(..., W0=...), only Gram blocks of the mapped targets)
+    equals the estimator's feature form (Z = [Xs; μ(W0 x̂ + w0)], explicit features).
+    Both solve the same QPs to a KKT residual of 1e-8 from different Gram arithmetic, so
+    scores agree to ~1e-7; 1e-6 relative leaves a margin."""
+    from mmdtl2_dist.core.methods import GramProblem, fit_predict
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(6, Ls=7, Lt=4)
+    W0 = np.random.default_rng(1).standard_normal((7, 5)) * 0.5
+    for mu in (0.0, 0.5, 1.0):
+        m = MMDTL2(prior="matrix", W0=W0, prior_weight=mu).fit_domains(Xs, ys, Xt, yt)
+        prob = GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=W0)
+        res = fit_predict("mmdtl2", {"prior": "matrix", "prior_weight": mu}, prob)
+        ref = m.decision_function(Xq)
+        assert np.linalg.norm(res.scores - ref) <= 1e-6 * np.linalg.norm(ref)
+    # μ W0 with μ = 0 is the paper's zero prior; the core asks for the mapped Grams.
+    paper = MMDTL2().fit_domains(Xs, ys, Xt, yt).decision_function(Xq)
+    np.testing.assert_allclose(
+        MMDTL2(prior="matrix", W0=W0, prior_weight=0.0).fit_domains(Xs, ys, Xt, yt)
+        .decision_function(Xq), paper, rtol=1e-10, atol=1e-10,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="mapped targets.*from_features"):
+        fit_predict("mmdtl2", {"prior": "matrix"}, GramProblem.from_features(Xs, ys, Xt, yt, Xq))
+    with pytest.raises(ValueError, match=r"W0 must have shape \(Ls, Lt \+ 1\)"):
+        GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=W0[:, :-1])
+
+
+def test_matrix_prior_identity_map_equals_identity_prior():
+    """W0 = [I | 0] as a user map gives the identity prior, in the core and the estimator."""
+    from mmdtl2_dist.core.methods import GramProblem, fit_predict
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(7)
+    I0 = np.hstack([np.eye(6), np.zeros((6, 1))])
+    prob = GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=I0)
+    for mu in (0.25, 1.0):
+        a = fit_predict("mmdtl2", {"prior": "matrix", "prior_weight": mu}, prob).scores
+        b = fit_predict("mmdtl2", {"prior": "identity", "prior_weight": mu}, prob).scores
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+        e = MMDTL2(prior="matrix", W0=np.eye(6), prior_weight=mu).fit_domains(Xs, ys, Xt, yt)
+        f = MMDTL2(prior="identity", prior_weight=mu).fit_domains(Xs, ys, Xt, yt)
+        np.testing.assert_allclose(
+            e.decision_function(Xq), f.decision_function(Xq), rtol=1e-10, atol=1e-10
+        )
+
+
+def test_select_weight_of_a_user_map():
+    """select="prior_weight" with prior="matrix" cross-validates μ in μ W0 (Ls != Lt), and
+    the selected model equals the model fitted directly with the chosen weight."""
+    from mmdtl2_dist.core.selection import PRIOR_WEIGHTS
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(8, M=18, Ls=7, Lt=4)
+    W0 = np.random.default_rng(2).standard_normal((7, 4)) * 0.5
+    m = MMDTL2(prior="matrix", W0=W0, select="prior_weight").fit_domains(Xs, ys, Xt, yt)
+    assert [r["params"]["prior"] for r in m.selection_] == ["matrix"] * len(PRIOR_WEIGHTS)
+    assert [r["params"]["prior_weight"] for r in m.selection_] == list(PRIOR_WEIGHTS)
+    best = min(m.selection_, key=lambda r: r["cv_hinge"])["params"]["prior_weight"]
+    assert m.selected_params_["prior_weight"] == best
+    assert m.selected_params_ == {"prior_weight": best, "c_f": 1.0}
+    direct = MMDTL2(prior="matrix", W0=W0, **m.selected_params_).fit_domains(Xs, ys, Xt, yt)
+    np.testing.assert_allclose(
+        m.decision_function(Xq), direct.decision_function(Xq), rtol=1e-10, atol=1e-10
+    )
+
+
 def test_identity_prior_with_zero_weight_is_the_paper():
     Xs, ys, Xt, yt, Xq, _ = make_devices(3)
     a = MMDTL2(prior="identity", prior_weight=0.0).fit_domains(Xs, ys, Xt, yt)

@@ -13,8 +13,9 @@ Methods (parameter defaults in :data:`DEFAULTS`):
   Hoffman et al.'s weights ``c_s = 0.05``, ``c_t = 1``.
 - ``mmdt_hoffman``: MMDT as in Hoffman et al.'s reference code (DESIGN.md §5), see
   :mod:`mmdtl2_dist.core.mmdt_hoffman`.
-- ``mmdtl2``: MMDTL2 (linear, RBF or polynomial target kernel; prior ``zero`` (the paper)
-  or ``identity`` with a weight, issue 8).
+- ``mmdtl2``: MMDTL2 (linear, RBF or polynomial target kernel; prior ``zero`` (the paper),
+  ``identity`` or a user-supplied ``matrix`` (its Gram blocks in the problem), each with a
+  mixing weight ``prior_weight``; issue 8).
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ class GramProblem:
     Kst, Ksq : ndarray (N, M), (N, Q) or None
         Source × target train / test, only when both live in one feature space
         (``source_svm``, ``mmdt_hoffman`` and the identity prior need them).
+    Kqq : ndarray (Q, Q) or None
+        Target test × target test (``mmdt_hoffman``).
+    Ksu, Kuu, Ksuq, Kuuq : ndarray (N, M), (M, M), (N, Q), (M, Q) or None
+        For ``prior="matrix"``: Grams of the prior-mapped targets ``u = W0 x̂ + w0``
+        (source space) with the source samples and each other — source × mapped train,
+        mapped train × mapped train, source × mapped test, mapped train × mapped test.
+        :meth:`from_features` forms them from ``W0``.
     """
 
     ys: np.ndarray
@@ -95,16 +103,35 @@ class GramProblem:
     Kst: np.ndarray | None = None
     Ksq: np.ndarray | None = None
     Kqq: np.ndarray | None = None
+    Ksu: np.ndarray | None = None
+    Kuu: np.ndarray | None = None
+    Ksuq: np.ndarray | None = None
+    Kuuq: np.ndarray | None = None
 
     @classmethod
-    def from_features(cls, Xs, ys, Xt, yt, Xq, *, test_gram: bool = True) -> GramProblem:
+    def from_features(
+        cls, Xs, ys, Xt, yt, Xq, *, test_gram: bool = True, W0: np.ndarray | None = None
+    ) -> GramProblem:
         """The linear Gram blocks of preprocessed features, for one split in memory.
 
         ``Xs`` (N, Ls) source training, ``Xt`` (M, Lt) labelled target training and
         ``Xq`` (Q, Lt) target test features. The source × target blocks are formed when
-        ``Ls == Lt`` (one feature space), the test × test Gram ``Kqq`` when ``test_gram``.
+        ``Ls == Lt`` (one feature space), the test × test Gram ``Kqq`` when ``test_gram``,
+        and the blocks of ``prior="matrix"`` when ``W0`` (Ls, Lt + 1), the prior map with
+        its bias column, is given.
         """
         shared = Xs.shape[1] == Xt.shape[1]
+        mapped = {}
+        if W0 is not None:
+            W0 = np.asarray(W0, dtype=np.float64)
+            if W0.shape != (Xs.shape[1], Xt.shape[1] + 1):
+                raise ValueError(
+                    f"W0 must have shape (Ls, Lt + 1) = ({Xs.shape[1]}, {Xt.shape[1] + 1}) "
+                    f"with its bias column, got {W0.shape}."
+                )
+            U = Xt @ W0[:, :-1].T + W0[:, -1]
+            Uq = Xq @ W0[:, :-1].T + W0[:, -1]
+            mapped = {"Ksu": Xs @ U.T, "Kuu": U @ U.T, "Ksuq": Xs @ Uq.T, "Kuuq": U @ Uq.T}
         return cls(
             ys=ys,
             yt=yt,
@@ -115,6 +142,7 @@ class GramProblem:
             Kst=Xs @ Xt.T if shared else None,
             Ksq=Xs @ Xq.T if shared else None,
             Kqq=Xq @ Xq.T if test_gram else None,
+            **mapped,
         )
 
     @property
@@ -129,6 +157,14 @@ class GramProblem:
             expect["Kst"] = (N, M)
         if self.Ksq is not None:
             expect["Ksq"] = (N, Q)
+        mapped = {"Ksu": (N, M), "Kuu": (M, M), "Ksuq": (N, Q), "Kuuq": (M, Q)}
+        present = [k for k in mapped if getattr(self, k) is not None]
+        if present and len(present) != len(mapped):
+            raise ValueError(
+                f"GramProblem has the matrix-prior blocks {present} but not all of "
+                f"{list(mapped)}; give all four (GramProblem.from_features(..., W0=...))."
+            )
+        expect.update({k: mapped[k] for k in present})
         for name, shape in expect.items():
             arr = getattr(self, name)
             if arr.shape != shape:
@@ -188,24 +224,34 @@ def prior_blocks(p: Mapping, prob: GramProblem):
     """``Kz`` (N+M, N+M) and ``Kz_new`` (N+M, Q) for the prior of ``p``.
 
     ``zero``: ``U = 0``. ``identity``: ``U = μ Xt`` (needs one shared feature space).
+    ``matrix``: ``U = μ (W0 Xt + w0)``, from the problem's ``Ksu``/``Kuu``/``Ksuq``/``Kuuq``.
     """
     N, M = len(prob.ys), len(prob.yt)
     Kz = np.zeros((N + M, N + M))
     Kz[:N, :N] = prob.Kss
     if p["prior"] == "zero":
         return Kz, None
-    if p["prior"] != "identity":
-        raise ValueError(f"prior must be 'zero' or 'identity', got {p['prior']!r}.")
-    if not prob.shared_space:
-        raise ValueError(
-            "the identity prior needs source and target in one feature space (Kst, Ksq); "
-            "use prior='zero' for different spaces, or a user-supplied map in the estimator."
-        )
+    if p["prior"] == "identity":
+        if not prob.shared_space:
+            raise ValueError(
+                "the identity prior needs source and target in one feature space (Kst, Ksq); "
+                "use prior='zero' for different spaces, or prior='matrix' with a map W0."
+            )
+        Ksu, Kuu, Ksuq, Kuuq = prob.Kst, prob.Ktt, prob.Ksq, prob.Ktq
+    elif p["prior"] == "matrix":
+        if prob.Ksu is None:
+            raise ValueError(
+                "prior='matrix' needs the Grams of the prior-mapped targets (Ksu, Kuu, Ksuq, "
+                "Kuuq); build the problem with GramProblem.from_features(..., W0=...)."
+            )
+        Ksu, Kuu, Ksuq, Kuuq = prob.Ksu, prob.Kuu, prob.Ksuq, prob.Kuuq
+    else:
+        raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
     mu = float(p["prior_weight"])
-    Kz[:N, N:] = mu * prob.Kst
-    Kz[N:, :N] = mu * prob.Kst.T
-    Kz[N:, N:] = mu * mu * prob.Ktt
-    Kz_new = np.vstack([mu * prob.Ksq, mu * mu * prob.Ktq])
+    Kz[:N, N:] = mu * Ksu
+    Kz[N:, :N] = mu * Ksu.T
+    Kz[N:, N:] = mu * mu * Kuu
+    Kz_new = np.vstack([mu * Ksuq, mu * mu * Kuuq])
     return Kz, Kz_new
 
 

@@ -96,6 +96,10 @@ def sub_problem(prob: GramProblem, train: np.ndarray, held: np.ndarray) -> GramP
         Kst=None if prob.Kst is None else prob.Kst[:, train],
         Ksq=None if prob.Kst is None else prob.Kst[:, held],
         Kqq=None if prob.Kqq is None else Ktt[np.ix_(held, held)],
+        Ksu=None if prob.Ksu is None else prob.Ksu[:, train],
+        Kuu=None if prob.Kuu is None else prob.Kuu[np.ix_(train, train)],
+        Ksuq=None if prob.Ksu is None else prob.Ksu[:, held],
+        Kuuq=None if prob.Kuu is None else prob.Kuu[np.ix_(train, held)],
     )
 
 
