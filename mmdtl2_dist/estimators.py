@@ -23,6 +23,8 @@ Preprocessing (``preprocessing=``) is fitted per device on the samples given to 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
@@ -308,8 +310,11 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         Initial SVM on the source only (paper) or on source and prior-mapped targets.
     select : str, list of dict or None
         If given, candidate parameter sets, or the name of a grid of
-        :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the identity
-        prior's mixing weight 0, 0.25, …, 1). The set that cross-validates best on the
+        :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the prior's
+        mixing weight 0, 0.25, …, 1, of the identity, or of ``W0`` with
+        ``prior="matrix"``; the other parameters stay the estimator's). With fewer than 2
+        labelled samples in some class no fold exists: a warning, and the estimator's
+        own parameters are used. Otherwise the set that cross-validates best on the
         labelled target samples (one per class held out per fold; lowest held-out hinge
         loss when the grid keeps ``c_s``, ``c_t`` and the kernel fixed, else best
         accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used (issue 8).
@@ -406,7 +411,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                     f"unknown select grid {select!r}; name one of {sorted(NAMED_GRIDS)} "
                     "or pass a list of parameter dicts."
                 )
-            select = NAMED_GRIDS[select]
+            select = [dict(g) for g in NAMED_GRIDS[select]]
             if self.prior == "matrix":  # the weight of the user's map, not of the identity
                 select = [{k: v for k, v in g.items() if k != "prior"} for g in select]
         keys = {"c_f", "c_d", "c_t", "c_s", "kernel", "gamma", "degree", "coef0", "prior"}
@@ -428,6 +433,15 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False, W0=W0)
         best, table = select_by_cv("mmdtl2", grid, prob)
         self.selection_ = table
+        if table[0]["n_folds"] == 0:
+            warnings.warn(
+                "select: too few labelled target samples per class to cross-validate (every "
+                "class needs 2); fitted with the estimator's own parameters instead.",
+                UserWarning,
+                stacklevel=3,
+            )
+            self.selected_params_ = {}
+            return base
         self.selected_params_ = {k: best[k] for k in best if any(k in g for g in select)}
         return {**base, **best}
 
@@ -482,7 +496,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                 )
             if not np.all(np.isfinite(W0)):
                 raise ValueError("W0 contains NaN or Inf.")
-            return p["prior_weight"] * W0
+            return W0 if p["prior_weight"] == 1.0 else p["prior_weight"] * W0
         raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
 
     def _prior_targets(self, Xt, p, Ls, Lt):

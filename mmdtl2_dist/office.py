@@ -52,7 +52,7 @@ DEFAULT_COLUMNS: tuple[MethodSpec, ...] = (
     MethodSpec("MMDTL2 RBF", "mmdtl2", {"kernel": "rbf"}),
     MethodSpec("MMDTL2 poly", "mmdtl2", {"kernel": "poly"}),
     MethodSpec("MMDTL2 identity prior", "mmdtl2", {"prior": "identity"}),
-    MethodSpec("MMDTL2 CV-selected", "mmdtl2", {"select": "prior_weight"}),
+    MethodSpec("MMDTL2 CV-selected", "mmdtl2", {"select": "prior_weight", "c_f": 1.0}),
 )
 
 # Issue 8: the prior's mixing weight chosen per split by CV on the labelled targets only.

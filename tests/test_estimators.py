@@ -118,8 +118,12 @@ def test_matrix_prior_gram_form_equals_feature_form_across_dimensions():
     )  # fmt: skip
     with pytest.raises(ValueError, match="mapped targets.*from_features"):
         fit_predict("mmdtl2", {"prior": "matrix"}, GramProblem.from_features(Xs, ys, Xt, yt, Xq))
-    with pytest.raises(ValueError, match=r"W0 must have shape \(Ls, Lt \+ 1\)"):
-        GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=W0[:, :-1])
+    # W0 without a bias column is W0 with a zero one; any other shape is refused.
+    no_bias = GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=W0[:, :-1])
+    zero_bias = GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=np.c_[W0[:, :-1], np.zeros(7)])
+    np.testing.assert_allclose(no_bias.Kuuq, zero_bias.Kuuq, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"W0 must have shape \(Ls, Lt\)"):
+        GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=W0[:, :-2])
 
 
 def test_matrix_prior_identity_map_equals_identity_prior():
@@ -152,11 +156,32 @@ def test_select_weight_of_a_user_map():
     assert [r["params"]["prior_weight"] for r in m.selection_] == list(PRIOR_WEIGHTS)
     best = min(m.selection_, key=lambda r: r["cv_hinge"])["params"]["prior_weight"]
     assert m.selected_params_["prior_weight"] == best
-    assert m.selected_params_ == {"prior_weight": best, "c_f": 1.0}
+    assert m.selected_params_ == {"prior_weight": best}
     direct = MMDTL2(prior="matrix", W0=W0, **m.selected_params_).fit_domains(Xs, ys, Xt, yt)
     np.testing.assert_allclose(
         m.decision_function(Xq), direct.decision_function(Xq), rtol=1e-10, atol=1e-10
     )
+
+
+def test_selection_with_too_few_samples_keeps_the_estimators_parameters():
+    """One labelled target per class: no fold can be formed, so select warns and fits with
+    the estimator's own parameters (here the user's map at weight 1), not the grid's
+    first entry (weight 0 would silently drop the map)."""
+    from mmdtl2_dist.core.selection import choose
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(9, Ls=7, Lt=4)
+    Xt, yt = Xt[:3], yt[:3]  # one sample of each of the 3 classes
+    W0 = np.random.default_rng(3).standard_normal((7, 4)) * 0.5
+    with pytest.warns(UserWarning, match="too few labelled target samples"):
+        m = MMDTL2(prior="matrix", W0=W0, select="prior_weight").fit_domains(Xs, ys, Xt, yt)
+    assert m.selected_params_ == {}
+    assert all(r["n_folds"] == 0 and r["criterion"] == "hinge" for r in m.selection_)
+    plain = MMDTL2(prior="matrix", W0=W0).fit_domains(Xs, ys, Xt, yt)
+    np.testing.assert_allclose(
+        m.decision_function(Xq), plain.decision_function(Xq), rtol=1e-12, atol=1e-12
+    )
+    with pytest.raises(ValueError, match="no scores"):
+        choose(m.selection_, "hinge")
 
 
 def test_identity_prior_with_zero_weight_is_the_paper():
@@ -193,10 +218,12 @@ def test_select_by_grid_name():
     Xs, ys, Xt, yt, Xq, _ = make_devices(4, M=18)
     Xt = Xs[: len(yt)] + 0.3 * np.random.default_rng(0).standard_normal((len(yt), Xs.shape[1]))
     yt = ys[: len(yt)]
-    m = MMDTL2(select="prior_weight").fit_domains(Xs, ys, Xt, yt)
+    m = MMDTL2(select="prior_weight", c_f=10.0).fit_domains(Xs, ys, Xt, yt)
     assert [r["params"]["prior_weight"] for r in m.selection_] == list(PRIOR_WEIGHTS)
-    assert m.selected_params_["prior_weight"] in PRIOR_WEIGHTS
-    assert m.selected_params_["prior"] == "identity"
+    # The grid varies the weight only: the estimator's own c_f is kept in every row.
+    assert {r["params"]["c_f"] for r in m.selection_} == {10.0}
+    best = min(m.selection_, key=lambda r: r["cv_hinge"])["params"]
+    assert m.selected_params_ == {"prior": "identity", "prior_weight": best["prior_weight"]}
     with pytest.raises(ValueError, match="unknown select grid 'prior'.*prior_weight"):
         MMDTL2(select="prior").fit_domains(Xs, ys, Xt, yt)
 

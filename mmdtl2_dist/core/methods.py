@@ -117,20 +117,22 @@ class GramProblem:
         ``Xs`` (N, Ls) source training, ``Xt`` (M, Lt) labelled target training and
         ``Xq`` (Q, Lt) target test features. The source × target blocks are formed when
         ``Ls == Lt`` (one feature space), the test × test Gram ``Kqq`` when ``test_gram``,
-        and the blocks of ``prior="matrix"`` when ``W0`` (Ls, Lt + 1), the prior map with
-        its bias column, is given.
+        and the blocks of ``prior="matrix"`` when the prior map ``W0`` is given, of shape
+        (Ls, Lt) or (Ls, Lt + 1) with a bias column.
         """
         shared = Xs.shape[1] == Xt.shape[1]
         mapped = {}
         if W0 is not None:
             W0 = np.asarray(W0, dtype=np.float64)
-            if W0.shape != (Xs.shape[1], Xt.shape[1] + 1):
+            Ls, Lt = Xs.shape[1], Xt.shape[1]
+            if W0.shape not in ((Ls, Lt), (Ls, Lt + 1)):
                 raise ValueError(
-                    f"W0 must have shape (Ls, Lt + 1) = ({Xs.shape[1]}, {Xt.shape[1] + 1}) "
-                    f"with its bias column, got {W0.shape}."
+                    f"W0 must have shape (Ls, Lt) = ({Ls}, {Lt}) or, with a bias column, "
+                    f"(Ls, Lt + 1) = ({Ls}, {Lt + 1}); got {W0.shape}."
                 )
-            U = Xt @ W0[:, :-1].T + W0[:, -1]
-            Uq = Xq @ W0[:, :-1].T + W0[:, -1]
+            w0 = W0[:, Lt] if W0.shape[1] > Lt else 0.0
+            U = Xt @ W0[:, :Lt].T + w0
+            Uq = Xq @ W0[:, :Lt].T + w0
             mapped = {"Ksu": Xs @ U.T, "Kuu": U @ U.T, "Ksuq": Xs @ Uq.T, "Kuuq": U @ Uq.T}
         return cls(
             ys=ys,

@@ -54,14 +54,17 @@ FOLD_SCHEMES = ("auto", "loo", "per_class")
 CRITERIA = ("auto", "hinge", "accuracy")
 TIE_BREAKS = ("auto", "hinge", "order")
 # The mixing weight λ of the identity prior W0 = λI; λ = 0 is exactly the paper's zero
-# prior (the prior's Gram blocks vanish). c_f = 1: c_f hardly matters here (docstring).
+# prior (the prior's Gram blocks vanish). The other parameters are the caller's (c_f = 1
+# on Office-Caltech10; it hardly matters there, see the module docstring). Copy before
+# changing an entry: the dicts are shared.
 PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PRIOR_WEIGHT_GRID: tuple[dict, ...] = tuple(
-    {"prior": "identity", "prior_weight": w, "c_f": 1.0} for w in PRIOR_WEIGHTS
+    {"prior": "identity", "prior_weight": w} for w in PRIOR_WEIGHTS
 )
 # Grids that can be named instead of listed (estimator ``select=``, ``mmdtl2 office``).
 NAMED_GRIDS: dict[str, tuple[dict, ...]] = {"prior_weight": PRIOR_WEIGHT_GRID}
-# Parameters that change the scale of the scores: a grid over them breaks ties by order.
+# Parameters that change the scale of the scores (the hinge weights and the kernel): a
+# grid over them is judged by accuracy, ties by order, under "auto".
 SCALE_KEYS = ("c_s", "c_t", "kernel", "gamma", "degree", "coef0")
 
 
@@ -164,7 +167,18 @@ def select_by_cv(
         scheme = "loo" if len(problem.yt) <= loo_max else "per_class"
     held_sets = cv_folds(problem.yt, max_folds, scheme)
     if not held_sets:
-        table = [{"params": g, "cv_accuracy": None, "n_folds": 0, "folds": scheme} for g in grid]
+        table = [
+            {
+                "params": g,
+                "cv_accuracy": None,
+                "cv_hinge": None,
+                "n_folds": 0,
+                "folds": scheme,
+                "criterion": criterion,
+                "tie_break": tie_break,
+            }
+            for g in grid
+        ]
         table[0]["note"] = "too few labelled target samples per class: no CV possible"
         return grid[0], table
     all_idx = np.arange(len(problem.yt))
@@ -205,6 +219,11 @@ def choose(table: Sequence[Mapping], criterion: str, tie_break: str = "order") -
         raise ValueError(
             f"choose needs criterion 'hinge'/'accuracy' and tie_break 'hinge'/'order', "
             f"got {criterion!r}/{tie_break!r}."
+        )
+    if not table or any(r.get("cv_accuracy") is None for r in table):
+        raise ValueError(
+            "the CV table has no scores (too few labelled target samples per class to form "
+            "a fold); select_by_cv returns its first configuration in that case."
         )
 
     def rank(i: int):
