@@ -1,6 +1,7 @@
 """CV selection of MMDTL2's prior on Office-Caltech10, developed and checked on separate splits.
 
     python benchmarks/bench_selection.py [--workers 2] [--sets dev fresh hoffman] [--wide]
+    python benchmarks/bench_selection.py --sets dev --wide    # the exploration on dev
 
 Three split sets, 12 shifts × 20 splits each, 3 labelled target images per class:
 
@@ -15,10 +16,12 @@ Three split sets, 12 shifts × 20 splits each, 3 labelled target images per clas
 For each set: the 12-shift means of source SVM, target SVM, every configuration of the
 grids fixed for all splits, the CV-selected MMDTL2 under each grid × rule, and the
 hindsight best of source and target SVM per shift. One CV table per split and grid serves
-every rule (:func:`mmdtl2_dist.core.selection.choose`). ``--wide`` adds the wider grid
-explored on ``dev`` (the prior weight × ``c_f ∈ {0.1, 1, 10}``, and ``c_d ∈ {0.01, 1}``):
-every configuration fixed, and CV over all of them. One BLAS thread per worker. Writes
-``benchmarks/results/selection.json`` (``--wide``: ``selection_wide.json``).
+every rule (:func:`mmdtl2_dist.core.selection.choose`). ``--wide`` runs the exploration
+done on ``dev`` instead: the prior weight in steps of 0.125, ``c_f ∈ {0.1, 1, 10}`` and
+``c_d ∈ {0.01, 1}`` next to it, every configuration fixed; CV over all of them and over
+the steps of 0.125; and leave-one-out folds on the default grid. One BLAS thread per
+worker. Writes ``benchmarks/results/selection.json`` (``--wide``:
+``selection_wide.json``).
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from mmdtl2_dist.office import SHIFTS, _domain_gram, split_problem
 
 SEEDS = {"dev": 2027, "fresh": 2026}
 GRIDS = {
-    # The default since this benchmark: the identity prior's mixing weight.
-    "prior_weight": [dict(g) for g in PRIOR_WEIGHT_GRID],
+    # The default since this benchmark: the identity prior's mixing weight (c_f = 1, as in
+    # mmdtl2 office's column and the bundled study).
+    "prior_weight": [{**g, "c_f": 1.0} for g in PRIOR_WEIGHT_GRID],
     # The grid used before (prior × c_f and a half-identity prior).
     "earlier prior × c_f": [
         {"prior": "zero", "c_f": 0.1},
@@ -50,16 +54,22 @@ GRIDS = {
         {"prior": "identity", "prior_weight": 0.5, "c_f": 1.0},
     ],
 }
-# Explored on the dev set: c_f and c_d next to the prior weight.
-WIDE = [
-    {"prior": "identity", "prior_weight": w, "c_f": cf}
-    for w in (0.0, 0.25, 0.5, 0.75, 1.0)
-    for cf in (0.1, 1.0, 10.0)
-] + [
-    {"prior": "identity", "prior_weight": w, "c_f": 1.0, "c_d": cd}
-    for cd in (0.01, 1.0)
-    for w in (0.25, 0.5, 0.75)
-]
+# Explored on the dev set: finer weights, and c_f and c_d next to the weight.
+WIDE = (
+    [{"prior": "identity", "prior_weight": w / 8, "c_f": 1.0} for w in range(9)]
+    + [
+        {"prior": "identity", "prior_weight": w, "c_f": cf}
+        for w in (0.0, 0.25, 0.5, 0.75, 1.0)
+        for cf in (0.1, 10.0)
+    ]
+    + [
+        {"prior": "identity", "prior_weight": w, "c_f": 1.0, "c_d": cd}
+        for cd in (0.01, 1.0)
+        for w in (0.25, 0.5, 0.75)
+    ]
+)
+# Sub-grids of WIDE scored from its one CV table.
+WIDE_SUBSETS = {"wide (all 25)": list(range(len(WIDE))), "weight in steps of 0.125": list(range(9))}
 RULES = {
     "hinge (default)": ("hinge", "order"),
     "accuracy, ties by hinge": ("accuracy", "hinge"),
@@ -87,7 +97,7 @@ def random_split(source: str, target: str, k: int, seed: int):
 
 
 def evaluate(job):
-    split_set, source, target, k, grids = job
+    split_set, source, target, k, wide = job
     with threadpool_limits(1):
         if split_set == "hoffman":
             prob, yq = split_problem(source, target, k)
@@ -96,13 +106,27 @@ def evaluate(job):
         out = {}
         for name, method in (("source SVM", "source_svm"), ("target SVM", "target_svm")):
             out[name] = float(np.mean(fit_predict(method, {}, prob).y_pred == yq))
-        for gname, grid in grids.items():
+        if wide:
+            acc = [float(np.mean(fit_predict("mmdtl2", g, prob).y_pred == yq)) for g in WIDE]
+            for g, a in zip(WIDE, acc, strict=True):
+                out["fixed " + ", ".join(f"{k} = {v}" for k, v in g.items())] = a
+            _, table = select_by_cv("mmdtl2", WIDE, prob)
+            for sname, ix in WIDE_SUBSETS.items():
+                for rname, (crit, tb) in RULES.items():
+                    pick = ix[choose([table[i] for i in ix], crit, tb)]
+                    out[f"CV {sname}, {rname}"] = acc[pick]
+            grid = GRIDS["prior_weight"]
+            _, table = select_by_cv("mmdtl2", grid, prob, folds="loo")
+            pick = choose(table, "hinge")
+            out["CV prior_weight, leave-one-out folds, hinge"] = float(
+                np.mean(fit_predict("mmdtl2", grid[pick], prob).y_pred == yq)
+            )
+            return split_set, source, target, out
+        for gname, grid in GRIDS.items():
             acc = [float(np.mean(fit_predict("mmdtl2", g, prob).y_pred == yq)) for g in grid]
-            for g, a in zip(grid, acc, strict=True):
-                if gname == "prior_weight":
+            if gname == "prior_weight":
+                for g, a in zip(grid, acc, strict=True):
                     out[f"fixed prior_weight = {g['prior_weight']}"] = a
-                elif gname == "wide":
-                    out["fixed " + ", ".join(f"{k} = {v}" for k, v in g.items())] = a
             _, table = select_by_cv("mmdtl2", grid, prob)
             for rname, (crit, tb) in RULES.items():
                 out[f"CV {gname}, {rname}"] = acc[choose(table, crit, tb)]
@@ -116,10 +140,9 @@ def main() -> None:
     ap.add_argument("--wide", action="store_true", help="the wider grid explored on dev")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    grids = {"wide": WIDE} if args.wide else GRIDS
     name = "selection_wide.json" if args.wide else "selection.json"
     args.out = args.out or Path(__file__).parent / "results" / name
-    jobs = [(ss, s, t, k, grids) for ss in args.sets for s, t in SHIFTS for k in range(20)]
+    jobs = [(ss, s, t, k, args.wide) for ss in args.sets for s, t in SHIFTS for k in range(20)]
     t0 = time.perf_counter()
     acc: dict = {}
     with ProcessPoolExecutor(args.workers) as ex:
@@ -148,7 +171,7 @@ def main() -> None:
         + " ".join(args.sets)
         + (" --wide" if args.wide else ""),
         "seeds": SEEDS,
-        "grids": grids,
+        "grids": {"wide": WIDE, "wide_subsets": WIDE_SUBSETS} if args.wide else GRIDS,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "summary": summary, "acc": acc}, indent=1))
