@@ -31,7 +31,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from mmdtl2_dist.core.adapter import AdapterState, check_features
 from mmdtl2_dist.core.kernels import KernelSpec
-from mmdtl2_dist.core.methods import GramProblem
+from mmdtl2_dist.core.methods import GramProblem, default_params
 from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 
@@ -414,8 +414,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             select = [dict(g) for g in NAMED_GRIDS[select]]
             if self.prior == "matrix":  # the weight of the user's map, not of the identity
                 select = [{k: v for k, v in g.items() if k != "prior"} for g in select]
-        keys = {"c_f", "c_d", "c_t", "c_s", "kernel", "gamma", "degree", "coef0", "prior"}
-        keys |= {"prior_weight", "max_iter", "tol", "qp_solver", "qp_tol", "init"}
+        keys = set(default_params("mmdtl2"))  # the core's MMDTL2 parameters
         dims = (Xs.shape[1], Xt.shape[1])
         grid = []
         for g in select:

@@ -40,9 +40,10 @@ class MethodSpec:
     params: dict
 
 
-# The columns of the table. "select" entries are chosen per split by cross-validation on
-# the labelled target samples (see mmdtl2_dist.core.selection; "cv_*" entries are
-# passed to select_by_cv without the prefix, e.g. cv_folds="loo"); the rest are fixed.
+# The columns of the table. A "select" entry names a grid of
+# mmdtl2_dist.core.selection.NAMED_GRIDS, chosen per split by cross-validation on the
+# labelled target samples (issue 8); "cv_*" entries go to select_by_cv without the
+# prefix (e.g. cv_folds="loo"); the rest are fixed.
 DEFAULT_COLUMNS: tuple[MethodSpec, ...] = (
     MethodSpec("source SVM", "source_svm", {}),
     MethodSpec("target SVM", "target_svm", {}),
@@ -54,10 +55,6 @@ DEFAULT_COLUMNS: tuple[MethodSpec, ...] = (
     MethodSpec("MMDTL2 identity prior", "mmdtl2", {"prior": "identity"}),
     MethodSpec("MMDTL2 CV-selected", "mmdtl2", {"select": "prior_weight", "c_f": 1.0}),
 )
-
-# Issue 8: the prior's mixing weight chosen per split by CV on the labelled targets only.
-# A column's "select" names a grid of mmdtl2_dist.core.selection.NAMED_GRIDS.
-SELECTION_GRIDS = NAMED_GRIDS
 
 _CACHE: dict = {}
 
@@ -99,7 +96,7 @@ def _run_split(source, target, trial, columns, preprocessing):
             params = dict(col.params)
             chosen = None
             if "select" in params:
-                grid = SELECTION_GRIDS[params.pop("select")]
+                grid = NAMED_GRIDS[params.pop("select")]
                 cv = {k[3:]: params.pop(k) for k in list(params) if k.startswith("cv_")}
                 chosen, _ = select_by_cv(col.method, [{**params, **g} for g in grid], prob, **cv)
                 params = chosen
