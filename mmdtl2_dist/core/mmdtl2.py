@@ -26,12 +26,13 @@ and the retrieval (paper Corollary 2) ``Δ = (R + Θ (Υ ⊙ Λ)ᵀ) X̂tᵀ A�
 
 Everything on Gram matrices
 ---------------------------
-Let ``u_m = W0 x̂_m`` (``0`` for the paper's prior, ``μ x_m`` for the identity prior with
-weight ``μ``, ``μ (M x_m + w)`` for a user map ``[M | w]``) and ``Z = [Xs, U]`` (N + M vectors of the source space). Θ always lies in the
-span of ``Z``: ``Θ = Z β``. Then ``R = Z R_c`` with ``R_c = [S; −S_M]``, the transformed
-training targets are ``W x̂_m = Z ω_m`` with ``Ω = E_u + Γ G``, ``Γ = R_c + β (Υ⊙Λ)ᵀ`` and
-``E_u = [0; I_M]``, and all the algorithm needs is ``Kz = ZᵀZ`` and the target kernel
-``Kt``. A new target sample scores ``P k(x̂) + βᵀ Zᵀ u(x) + b`` with ``P = βᵀ Kz Γ C``.
+Let ``u_m = W0 x̂_m`` (``0`` for the paper's prior, ``μ x_m`` for the identity prior with weight
+``μ``, ``μ (M x_m + w)`` for a user map ``[M | w]``) and ``Z = [Xs, U]`` (N + M vectors of the
+source space). Θ always lies in the span of ``Z``: ``Θ = Z β``. Then ``R = Z R_c`` with
+``R_c = [S; −S_M]``, the transformed training targets are ``W x̂_m = Z ω_m`` with
+``Ω = E_u + Γ G``, ``Γ = R_c + β (Υ⊙Λ)ᵀ`` and ``E_u = [0; I_M]``, and all the algorithm needs is
+``Kz = ZᵀZ`` and the target kernel ``Kt``. A new target sample scores
+``P k(x̂) + βᵀ Zᵀ u(x) + b`` with ``P = βᵀ Kz Γ C``.
 
 Stable forms of C and G
 -----------------------
