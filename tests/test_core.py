@@ -326,6 +326,86 @@ def test_cv_fold_schemes():
         cv_folds(yt, scheme="kfold")
 
 
+def test_cv_folds_order_and_repeats():
+    """``order`` decides which sample of a class is its j-th; every round of per-class folds
+    holds out each sample once, one of every class per fold; bad arguments are refused."""
+    from mmdtl2_dist.core.selection import cv_folds
+
+    yt = np.array([0, 1, 0, 1, 0, 1])
+    order = np.array([4, 5, 2, 3, 0, 1])
+    per = cv_folds(yt, scheme="per_class", order=order)
+    assert [sorted(f.tolist()) for f in per] == [[4, 5], [2, 3], [0, 1]]
+    folds = cv_folds(yt, scheme="per_class", order=order, repeats=4, seed=1)
+    assert len(folds) == 12
+    for r in range(4):
+        held = np.concatenate(folds[3 * r : 3 * r + 3])
+        assert sorted(held.tolist()) == list(range(6))  # each sample once per round
+        assert all(sorted(yt[f].tolist()) == [0, 1] for f in folds[3 * r : 3 * r + 3])
+    # some later round groups the samples differently from the first
+    assert any(
+        {frozenset(f.tolist()) for f in folds[3 * r : 3 * r + 3]}
+        != {frozenset(f.tolist()) for f in folds[:3]}
+        for r in range(1, 4)
+    )
+    with pytest.raises(ValueError, match="repeats"):
+        cv_folds(yt, repeats=0)
+    with pytest.raises(ValueError, match="permutation"):
+        cv_folds(yt, order=np.array([0, 0, 1, 2, 3, 4]))
+
+
+def test_canonical_order_is_independent_of_the_listing_and_of_round_off():
+    """The canonical order names the same samples however they are listed, and a Gram with
+    round-off of a blockwise computation (1e-13 relative) gives the same order."""
+    from mmdtl2_dist.core.selection import canonical_order
+
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((15, 7))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)  # unit diagonal: the diagonal ties
+    K = X @ X.T
+    ref = canonical_order(K)
+    for _ in range(5):
+        p = rng.permutation(15)
+        np.testing.assert_array_equal(p[canonical_order(K[np.ix_(p, p)])], ref)
+    noise = 1e-13 * rng.standard_normal(K.shape)
+    np.testing.assert_array_equal(canonical_order(K + (noise + noise.T) / 2), ref)
+    X[3] = X[8]  # two identical samples are interchangeable: both orders are valid
+    K = X @ X.T
+    got = canonical_order(K)
+    assert sorted(got.tolist()) == list(range(15))
+    assert abs(got.tolist().index(3) - got.tolist().index(8)) == 1
+
+
+def test_selection_with_canonical_order_ignores_how_targets_are_listed():
+    """Listing the labelled targets in another order leaves the canonical-order CV table
+    unchanged (to round-off) and with it the choice; the listed-order table changes."""
+    from mmdtl2_dist.core.methods import GramProblem
+    from mmdtl2_dist.core.selection import select_by_cv
+
+    rng = np.random.default_rng(5)
+    N, M, L, K = 24, 12, 6, 3
+    ys, yt = np.arange(N) % K, np.arange(M) % K
+    means = 2 * rng.standard_normal((K, L))
+    Xs = means[ys] + rng.standard_normal((N, L))
+    Xt = means[yt] + 1.0 + rng.standard_normal((M, L))
+    grid = [{"prior": "identity", "prior_weight": w} for w in (0.0, 0.5, 1.0)]
+    prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False)
+    p = rng.permutation(M)
+    shuffled = GramProblem.from_features(Xs, ys, Xt[p], yt[p], Xt[:0], test_gram=False)
+    for kw in ({"order": "canonical"}, {"order": "canonical", "repeats": 3}):
+        a = select_by_cv("mmdtl2", grid, prob, **kw)
+        b = select_by_cv("mmdtl2", grid, shuffled, **kw)
+        assert a[0] == b[0]
+        for ra, rb in zip(a[1], b[1], strict=True):
+            assert ra["cv_accuracy"] == rb["cv_accuracy"]
+            assert ra["cv_hinge"] == pytest.approx(rb["cv_hinge"], rel=1e-7)
+            assert ra["order"] == "canonical"
+    given = [r["cv_hinge"] for r in select_by_cv("mmdtl2", grid, prob, order="given")[1]]
+    moved = [r["cv_hinge"] for r in select_by_cv("mmdtl2", grid, shuffled, order="given")[1]]
+    assert not np.allclose(given, moved, rtol=1e-6)
+    with pytest.raises(ValueError, match="order must be one of"):
+        select_by_cv("mmdtl2", grid, prob, order="sorted")
+
+
 def test_multiclass_hinge_and_selection_criteria():
     """The held-out hinge loss by hand, and every selection rule on a real CV table."""
     from mmdtl2_dist.core.methods import GramProblem
