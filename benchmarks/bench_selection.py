@@ -2,6 +2,7 @@
 
     python benchmarks/bench_selection.py [--workers 2] [--sets dev fresh hoffman] [--wide]
     python benchmarks/bench_selection.py --sets dev --wide    # the exploration on dev
+    python benchmarks/bench_selection.py --orders             # fold orders (dev first)
 
 Three split sets, 12 shifts × 20 splits each, 3 labelled target images per class:
 
@@ -19,9 +20,12 @@ hindsight best of source and target SVM per shift. One CV table per split and gr
 every rule (:func:`mmdtl2_dist.core.selection.choose`). ``--wide`` runs the exploration
 done on ``dev`` instead: the prior weight in steps of 0.125, ``c_f ∈ {0.1, 1, 10}`` and
 ``c_d ∈ {0.01, 1}`` next to it, every configuration fixed; CV over all of them and over
-the steps of 0.125; and leave-one-out folds on the default grid. One BLAS thread per
-worker. Writes ``benchmarks/results/selection.json`` (``--wide``:
-``selection_wide.json``).
+the steps of 0.125; and leave-one-out folds on the default grid. ``--orders`` compares
+the per-class folds' sample orders: the listed order, the canonical order (the default),
+3 and 5 rounds of folds, and the same splits with their labelled targets shuffled (how
+often the choice changes). One BLAS thread per worker. Writes
+``benchmarks/results/selection.json`` (``--wide``: ``selection_wide.json``,
+``--orders``: ``selection_orders.json``).
 """
 
 from __future__ import annotations
@@ -70,6 +74,14 @@ WIDE = (
 )
 # Sub-grids of WIDE scored from its one CV table.
 WIDE_SUBSETS = {"wide (all 25)": list(range(len(WIDE))), "weight in steps of 0.125": list(range(9))}
+# Explored on the dev set (``--orders``): which sample of a class is held out with which
+# (the listed order, or the Gram's canonical order) and repeated rounds of per-class folds.
+FOLD_VARIANTS = {
+    "listed order": {"order": "given"},
+    "canonical order": {"order": "canonical"},
+    "canonical order, 3 rounds": {"order": "canonical", "repeats": 3},
+    "canonical order, 5 rounds": {"order": "canonical", "repeats": 5},
+}
 RULES = {
     "hinge (default)": ("hinge", "order"),
     "accuracy, ties by hinge": ("accuracy", "hinge"),
@@ -96,8 +108,25 @@ def random_split(source: str, target: str, k: int, seed: int):
     return prob, yt_all[test]
 
 
+def shuffled_targets(prob: GramProblem, seed) -> GramProblem:
+    """The same split with its labelled target samples listed in another (random) order."""
+    r = np.random.default_rng(seed).permutation(len(prob.yt))
+    return GramProblem(
+        ys=prob.ys,
+        yt=prob.yt[r],
+        Kss=prob.Kss,
+        Ktt=prob.Ktt[np.ix_(r, r)],
+        Ktq=prob.Ktq[r],
+        sq_q=prob.sq_q,
+        Kst=prob.Kst[:, r],
+        Ksq=prob.Ksq,
+        Kqq=prob.Kqq,
+    )
+
+
 def evaluate(job):
-    split_set, source, target, k, wide = job
+    split_set, source, target, k, mode = job
+    wide = mode == "wide"
     with threadpool_limits(1):
         if split_set == "hoffman":
             prob, yq = split_problem(source, target, k)
@@ -120,6 +149,24 @@ def evaluate(job):
             pick = WIDE.index(grid[choose(table, "hinge")])
             out["CV prior_weight, leave-one-out folds, hinge"] = acc[pick]
             return split_set, source, target, out
+        if mode == "orders":
+            grid = GRIDS["prior_weight"]
+            acc = [float(np.mean(fit_predict("mmdtl2", g, prob).y_pred == yq)) for g in grid]
+            picks = {}
+            for vname, kw in FOLD_VARIANTS.items():
+                _, table = select_by_cv("mmdtl2", grid, prob, **kw)
+                picks[vname] = choose(table, "hinge")
+                out[f"CV prior_weight, {vname}"] = acc[picks[vname]]
+            # The same split with its labelled targets listed in another order.
+            shuf = shuffled_targets(prob, [7, SHIFTS.index((source, target)), k])
+            for vname in ("listed order", "canonical order"):
+                _, table = select_by_cv("mmdtl2", grid, shuf, **FOLD_VARIANTS[vname])
+                pick = choose(table, "hinge")
+                out[f"CV prior_weight, {vname}, targets shuffled"] = acc[pick]
+                out[f"% of splits choosing otherwise, {vname}, shuffled"] = float(
+                    pick != picks[vname]
+                )
+            return split_set, source, target, out
         for gname, grid in GRIDS.items():
             acc = [float(np.mean(fit_predict("mmdtl2", g, prob).y_pred == yq)) for g in grid]
             if gname == "prior_weight":
@@ -136,11 +183,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sets", nargs="+", default=["dev", "fresh", "hoffman"])
     ap.add_argument("--wide", action="store_true", help="the wider grid explored on dev")
+    ap.add_argument("--orders", action="store_true", help="the fold orders explored on dev")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    name = "selection_wide.json" if args.wide else "selection.json"
+    mode = "wide" if args.wide else "orders" if args.orders else "default"
+    name = {"wide": "selection_wide.json", "orders": "selection_orders.json"}.get(
+        mode, "selection.json"
+    )
     args.out = args.out or Path(__file__).parent / "results" / name
-    jobs = [(ss, s, t, k, args.wide) for ss in args.sets for s, t in SHIFTS for k in range(20)]
+    jobs = [(ss, s, t, k, mode) for ss in args.sets for s, t in SHIFTS for k in range(20)]
     t0 = time.perf_counter()
     acc: dict = {}
     with ProcessPoolExecutor(args.workers) as ex:
@@ -167,9 +218,13 @@ def main() -> None:
         "wall_s": wall,
         "command": "python benchmarks/bench_selection.py --sets "
         + " ".join(args.sets)
-        + (" --wide" if args.wide else ""),
+        + {"wide": " --wide", "orders": " --orders"}.get(mode, ""),
         "seeds": SEEDS,
-        "grids": {"wide": WIDE, "wide_subsets": WIDE_SUBSETS} if args.wide else GRIDS,
+        "grids": {"wide": WIDE, "wide_subsets": WIDE_SUBSETS}
+        if args.wide
+        else {"prior_weight": GRIDS["prior_weight"], "fold_variants": FOLD_VARIANTS}
+        if args.orders
+        else GRIDS,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "summary": summary, "acc": acc}, indent=1))
