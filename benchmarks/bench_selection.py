@@ -77,10 +77,10 @@ WIDE_SUBSETS = {"wide (all 25)": list(range(len(WIDE))), "weight in steps of 0.1
 # Explored on the dev set (``--orders``): which sample of a class is held out with which
 # (the listed order, or the Gram's canonical order) and repeated rounds of per-class folds.
 FOLD_VARIANTS = {
-    "listed order": {"order": "given"},
-    "canonical order": {"order": "canonical"},
-    "canonical order, 3 rounds": {"order": "canonical", "repeats": 3},
-    "canonical order, 5 rounds": {"order": "canonical", "repeats": 5},
+    "listed order": {"fold_order": "given"},
+    "canonical order": {"fold_order": "canonical"},
+    "canonical order, 3 rounds": {"fold_order": "canonical", "repeats": 3},
+    "canonical order, 5 rounds": {"fold_order": "canonical", "repeats": 5},
 }
 RULES = {
     "hinge (default)": ("hinge", "order"),
@@ -182,8 +182,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sets", nargs="+", default=["dev", "fresh", "hoffman"])
-    ap.add_argument("--wide", action="store_true", help="the wider grid explored on dev")
-    ap.add_argument("--orders", action="store_true", help="the fold orders explored on dev")
+    mode_arg = ap.add_mutually_exclusive_group()
+    mode_arg.add_argument("--wide", action="store_true", help="the wider grid explored on dev")
+    mode_arg.add_argument("--orders", action="store_true", help="the fold orders explored on dev")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     mode = "wide" if args.wide else "orders" if args.orders else "default"

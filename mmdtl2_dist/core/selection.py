@@ -18,17 +18,17 @@ above. The default is ``"per_class"``: on Office-Caltech10 (Hoffman's splits, 3 
 class) it selected as well as ``"loo"`` (12-shift means 52.1 % and 52.0 % with an earlier
 grid, within the noise) at a tenth of the cost.
 
-Which samples share a per-class fold is decided by ``order``. The default,
+Which samples share a per-class fold is decided by ``fold_order``. The default,
 ``"canonical"``, ranks the samples of a class by :func:`canonical_order`, a key computed
 from the labelled targets' Gram, so a split gives the same folds, and the same choice,
 however its samples are listed: by the estimator's caller, by the study runner (by index)
-or by ``mmdtl2 office`` (Hoffman's file order). With ``order="given"`` (the listed
+or by ``mmdtl2 office`` (Hoffman's file order). With ``fold_order="given"`` (the listed
 order, the rule before) listing the labelled targets of a split in another order changed
 the chosen prior weight on 16-26 % of 240 Office-Caltech10 splits, and the canonical
 order selected as well (12-shift means 52.96 against 52.95 on the split set the rules
 were developed on). ``repeats`` adds rounds of per-class folds over seeded within-class
 shuffles, averaging over more groupings at ``repeats`` times the fits; it gained nothing
-consistent there (+0.07, −0.03, +0.04 point on three split sets), so it is off by
+consistent there (3 rounds: +0.06, −0.02, +0.04 point on three split sets), so it is off by
 default (``benchmarks/bench_selection.py --orders``).
 
 Two selection criteria (``criterion``):
@@ -85,16 +85,28 @@ SCALE_KEYS = ("c_s", "c_t", "kernel", "gamma", "degree", "coef0")
 def canonical_order(K: np.ndarray) -> np.ndarray:
     """A sample order that depends on the samples only, not on how they were listed.
 
-    Sample ``i`` is keyed by its row of the Gram matrix ``K`` sorted ascending (the multiset
-    of its kernel values against all samples, which a permutation of the samples leaves
-    unchanged), compared lexicographically; the values are rounded to ``1e-9`` of the
-    largest diagonal entry so that round-off between two ways of computing the same Gram
-    (blockwise on Ray, or from the features in one product) cannot swap two samples.
-    Identical samples tie and are interchangeable.
+    Sample ``i`` is keyed by its row of the (symmetrised) Gram matrix ``K`` sorted
+    ascending: the multiset of its kernel values against all samples, which re-listing the
+    samples leaves unchanged. Keys are compared lexicographically, after rounding to
+    ``1e-9`` of the largest diagonal entry. Re-listing one Gram gives exactly the same
+    order. Two Grams of the same samples computed along different paths (blockwise on Ray,
+    or in one product) differ by round-off (about 1e-16 relative in float64 here), which
+    could only swap two samples whose keys agree to that precision; symmetrising makes the
+    commonest such case, two samples that are each other's least similar, an exact tie,
+    settled by the next value. On Office-Caltech10 the study and ``mmdtl2 office`` form the
+    same folds on all 240 splits. Samples with the same multiset of kernel values (e.g.
+    identical samples), or whose values all round to 0, keep their listed relative order.
     """
     K = np.asarray(K, dtype=float)
+    if K.ndim != 2 or K.shape[0] != K.shape[1]:
+        raise ValueError(f"canonical_order needs a square Gram matrix, got shape {K.shape}.")
     if K.size == 0:
         return np.arange(len(K))
+    if not np.all(np.isfinite(K)):
+        raise ValueError(
+            "canonical_order: the Gram matrix has NaN or Inf entries; check the features."
+        )
+    K = (K + K.T) / 2
     scale = max(float(np.max(np.abs(np.diag(K)))), np.finfo(float).tiny)
     keys = np.round(np.sort(K, axis=1) / (1e-9 * scale))
     return np.lexsort(keys.T[::-1])
@@ -115,26 +127,29 @@ def cv_folds(
     ``order`` (a permutation of the samples, e.g. :func:`canonical_order`) fixes which
     sample of a class is its ``j``-th for the ``"per_class"`` scheme; by default the listed
     order. ``repeats > 1`` adds ``repeats - 1`` more rounds of per-class folds, each over a
-    within-class shuffle of that order drawn from ``seed``, so that every sample is held out
-    ``repeats`` times in different company. Leave-one-out needs neither.
+    within-class shuffle of that order drawn from ``seed``: every round holds out the
+    first ``min(n, max_folds)`` samples of every class (``n`` the smallest class), so
+    with classes of ``n ≤ max_folds`` samples each every sample is held out ``repeats``
+    times in different company. Leave-one-out needs neither.
     """
     if scheme not in FOLD_SCHEMES:
         raise ValueError(f"fold scheme must be one of {FOLD_SCHEMES}, got {scheme!r}.")
-    if int(repeats) != repeats or repeats < 1:
+    if isinstance(repeats, bool) or not isinstance(repeats, int | np.integer) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}.")
     yt = np.asarray(yt)
     if scheme == "auto":
         scheme = "loo" if len(yt) <= loo_max else "per_class"
+    if scheme == "loo":  # every sample alone, in label order: no order or rounds needed
+        per_class = [np.flatnonzero(yt == c) for c in np.unique(yt)]
+        return [np.array([i]) for ix in per_class if len(ix) >= 2 for i in ix]
     if order is None:
         order = np.arange(len(yt))
     order = np.asarray(order)
-    if sorted(order.tolist()) != list(range(len(yt))):
-        raise ValueError("order must be a permutation of the labelled target samples.")
+    if order.dtype.kind not in "iu" or sorted(order.tolist()) != list(range(len(yt))):
+        raise ValueError(
+            f"order must be a permutation of the labelled target samples' indices 0..{len(yt) - 1}."
+        )
     per_class = [order[yt[order] == c] for c in np.unique(yt)]
-    if scheme == "loo":
-        return [
-            np.array([i]) for ix in sorted(per_class, key=min) if len(ix) >= 2 for i in sorted(ix)
-        ]
     n = min(len(ix) for ix in per_class) if per_class else 0
     if n < 2:
         return []
@@ -176,7 +191,7 @@ def select_by_cv(
     loo_max: int = 60,
     criterion: str = "auto",
     tie_break: str = "auto",
-    order: str = "canonical",
+    fold_order: str = "canonical",
     repeats: int = 1,
     seed: int = 0,
 ) -> tuple[dict, list[dict]]:
@@ -203,7 +218,7 @@ def select_by_cv(
     tie_break : {"auto", "hinge", "order"}
         For ``criterion="accuracy"``: among equally accurate configurations, the one with
         the lowest hinge loss or the first listed; ``"auto"`` resolves as ``criterion``.
-    order : {"canonical", "given"}
+    fold_order : {"canonical", "given"}
         Which sample of a class is its ``j``-th for the ``"per_class"`` folds:
         :func:`canonical_order` of the labelled targets' Gram (the same folds however the
         samples are listed), or the order in which they are listed.
@@ -217,7 +232,8 @@ def select_by_cv(
     table : list of dict
         One row per configuration: ``params``, ``cv_accuracy`` (or None), ``cv_hinge``,
         ``n_folds``, ``folds`` (the scheme used), ``criterion`` and ``tie_break`` (as
-        resolved).
+        resolved), and for ``"per_class"`` folds ``fold_order``, ``repeats`` and ``seed``
+        (None for leave-one-out, which uses neither).
     """
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}.")
@@ -234,9 +250,15 @@ def select_by_cv(
     scheme = folds
     if scheme == "auto":
         scheme = "loo" if len(problem.yt) <= loo_max else "per_class"
-    if order not in FOLD_ORDERS:
-        raise ValueError(f"order must be one of {FOLD_ORDERS}, got {order!r}.")
-    perm = canonical_order(problem.Ktt) if order == "canonical" else None
+    if fold_order not in FOLD_ORDERS:
+        raise ValueError(f"fold_order must be one of {FOLD_ORDERS}, got {fold_order!r}.")
+    per_class = scheme == "per_class"
+    perm = canonical_order(problem.Ktt) if per_class and fold_order == "canonical" else None
+    how = {
+        "fold_order": fold_order if per_class else None,
+        "repeats": repeats if per_class else None,
+        "seed": seed if per_class else None,
+    }
     held_sets = cv_folds(problem.yt, max_folds, scheme, order=perm, repeats=repeats, seed=seed)
     if not held_sets:
         table = [
@@ -246,7 +268,7 @@ def select_by_cv(
                 "cv_hinge": None,
                 "n_folds": 0,
                 "folds": scheme,
-                "order": order,
+                **how,
                 "criterion": criterion,
                 "tie_break": tie_break,
             }
@@ -274,7 +296,7 @@ def select_by_cv(
                 "cv_hinge": hinge / n_held,
                 "n_folds": len(subs),
                 "folds": scheme,
-                "order": order,
+                **how,
                 "criterion": criterion,
                 "tie_break": tie_break,
             }
