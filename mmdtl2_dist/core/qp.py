@@ -365,7 +365,7 @@ def solve_scaled_box_qp(
     iters = 0
     status = "solved"
     y = None
-    dcd_point = None
+    dcd_point = dcd_res = None
     if solver == "dcd":
         from mmdtl2_dist.core.dcd import dcd_box_qp
 
@@ -376,6 +376,7 @@ def solve_scaled_box_qp(
             # stall on very ill-conditioned Hessians in a corner the chain would not
             # choose); the better of the two points is kept below.
             dcd_point, solver, used = y, "pdas", "dcd+pdas"
+            dcd_res = kkt_residual(Hs, fs, dcd_point, lbs, ubs)
             y = None
     if solver == "pdas":
         # A larger proximal weight makes the active-set iteration more stable on
@@ -393,8 +394,7 @@ def solve_scaled_box_qp(
             order = ("osqp", "newton") if n <= 1500 else ("newton", "osqp")
             cands = [(kkt_residual(Hs, fs, y, lbs, ubs), y, "pdas", "solved")]
             if dcd_point is not None:
-                res_dcd = kkt_residual(Hs, fs, dcd_point, lbs, ubs)
-                cands.append((res_dcd, dcd_point, "dcd", "solved"))
+                cands.append((dcd_res, dcd_point, "dcd", "solved"))
             for alt in order:
                 if alt == "osqp":
                     # Capped: on very singular problems OSQP can crawl; Newton comes next.
@@ -436,10 +436,8 @@ def solve_scaled_box_qp(
                 f"OSQP returned no solution (status {status!r}) for a box QP of size {n}."
             )
     res = kkt_residual(Hs, fs, y, lbs, ubs)
-    if dcd_point is not None:
-        res_dcd = kkt_residual(Hs, fs, dcd_point, lbs, ubs)
-        if res_dcd < res:
-            y, res, used, status = dcd_point, res_dcd, "dcd", "solved"
+    if dcd_point is not None and dcd_res < res:
+        y, res, used, status = dcd_point, dcd_res, "dcd", "solved"
     if res > tol:
         # OSQP's own tolerances are on the ADMM residuals; check the KKT conditions here.
         if res > max(1e3 * tol, 1e-5):
