@@ -457,9 +457,12 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         )  # fmt: skip
         fit = fit_mmdtl2_gram(Z @ Z.T, Kt, ys, yt, K, mp, init=p["init"])
         Theta = Z.T @ fit.beta  # (Ls, K)
-        W0h = self._prior_matrix(p, Ls, Lt)
-        V = None if W0h is None else W0h.T @ Theta  # (Lt+1, K)
-        self._Z, self._fit, self._W0h = Z, fit, W0h
+        prior = self._prior_map(p, Ls, Lt)
+        V = None  # W0ᵀ Θ (Lt+1, K): the prior's share of the target scores
+        if prior is not None:
+            A, w = prior
+            V = np.vstack([A * Theta if np.isscalar(A) else A.T @ Theta, w @ Theta])
+        self._Z, self._fit, self._prior = Z, fit, prior
         self.adapter_ = AdapterState(
             classes=self.classes_, X_train=Xt, P=fit.P, b=fit.b, V=V, kernel=spec,
             preprocessing=self.target_preprocessing_,
@@ -471,8 +474,13 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.fit_info_ = fit.info
         self.kernel_ = spec
 
-    def _prior_matrix(self, p, Ls, Lt):
-        """``W0`` as an (Ls, Lt + 1) matrix, or None for the zero prior."""
+    def _prior_map(self, p, Ls, Lt):
+        """The prior as ``(A, w)`` with ``W0 x̂ = A x + w``, or None for the zero prior.
+
+        ``A`` is the scalar ``μ`` for the identity prior, so that no ``Ls × Ls`` matrix is
+        formed (34 GB at 64,896-d), and the (Ls, Lt) matrix ``μ M`` of a user map
+        ``[M | w]`` (``w`` scaled by ``μ`` too).
+        """
         if p["prior"] == "zero":
             return None
         if p["prior"] == "identity":
@@ -481,7 +489,12 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                     f"the identity prior needs equal source and target dimensions, got {Ls} and "
                     f"{Lt}; use prior='matrix' with a W0 of shape ({Ls}, {Lt})."
                 )
-            return np.hstack([p["prior_weight"] * np.eye(Ls), np.zeros((Ls, 1))])
+            return float(p["prior_weight"]), np.zeros(Ls)
+        W0h = self._prior_matrix(p, Ls, Lt)
+        return W0h[:, :-1], W0h[:, -1]
+
+    def _prior_matrix(self, p, Ls, Lt):
+        """A user map ``μ [M | w]`` (``prior="matrix"``) as an (Ls, Lt + 1) matrix."""
         if p["prior"] == "matrix":
             W0 = p["W0"]
             if W0 is None:
@@ -495,14 +508,11 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                 )
             if not np.all(np.isfinite(W0)):
                 raise ValueError("W0 contains NaN or Inf.")
-            return W0 if p["prior_weight"] == 1.0 else p["prior_weight"] * W0
+            return p["prior_weight"] * W0  # exact for the default weight 1
         raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
 
     def _prior_targets(self, Xt, p, Ls, Lt):
-        W0h = self._prior_matrix(p, Ls, Lt)
-        if W0h is None:
-            return np.zeros((Xt.shape[0], Ls))
-        return Xt @ W0h[:, :-1].T + W0h[:, -1]
+        return _apply_prior(self._prior_map(p, Ls, Lt), Xt, Ls)
 
     def _target_scores(self, X):
         return self.adapter_.decision_function(
@@ -524,8 +534,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         Xt = self.adapter_.X_train
         k = self.kernel_(Xt @ Xp.T, np.einsum("ij,ij->i", Xt, Xt), np.einsum("ij,ij->i", Xp, Xp))
         WX = (self._Z.T @ (self._fit.Gamma @ (self._fit.C @ k))).T
-        if self._W0h is not None:
-            WX += Xp @ self._W0h[:, :-1].T + self._W0h[:, -1]
+        if self._prior is not None:
+            WX += _apply_prior(self._prior, Xp, WX.shape[1])
         return WX
 
     def transform_matrix(self) -> np.ndarray:
@@ -541,7 +551,25 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             )
         Xh = np.hstack([self.adapter_.X_train, np.ones((self.adapter_.X_train.shape[0], 1))])
         W = self._Z.T @ self._fit.Gamma @ self._fit.C @ Xh
-        return W if self._W0h is None else W + self._W0h
+        if self._prior is not None:
+            A, w = self._prior
+            if np.isscalar(A):
+                W[np.arange(Ls), np.arange(Lt)] += A
+            else:
+                W[:, :Lt] += A
+            W[:, Lt] += w
+        return W
+
+
+def _apply_prior(prior, X: np.ndarray, Ls: int) -> np.ndarray:
+    """``W0 x̂`` (n, Ls) for the rows of ``X``; ``prior`` as :meth:`MMDTL2._prior_map`.
+
+    ``None`` (the zero prior) gives zeros.
+    """
+    if prior is None:
+        return np.zeros((X.shape[0], Ls))
+    A, w = prior
+    return (A * X if np.isscalar(A) else X @ A.T) + w
 
 
 class MMDT(TransformerMixin, _AdaptationBase):
