@@ -906,6 +906,8 @@ def task_e2e_engine(store: str, space: str, N: int, M: int, out: str, seed: int 
 
     from mmdtl2_dist.core.methods import GramProblem, fit_predict
     from mmdtl2_dist.engine import compute_gram
+    from mmdtl2_dist.engine.driver import GRAM_OUTPUT
+    from mmdtl2_dist.store.outputs import claim_output
 
     t0 = time.perf_counter()
     ray.init(
@@ -917,7 +919,8 @@ def task_e2e_engine(store: str, space: str, N: int, M: int, out: str, seed: int 
     )
     t_ray = time.perf_counter() - t0
     try:
-        shutil.rmtree(out, ignore_errors=True)
+        if claim_output(out, GRAM_OUTPUT, overwrite=None):  # the Gram of an earlier run
+            shutil.rmtree(out)
         t1 = time.perf_counter()
         gs = compute_gram(store, space, out, progress=False)
         t_gram = time.perf_counter() - t1

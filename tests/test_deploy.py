@@ -388,6 +388,33 @@ def test_predict_unknown_model(registered, tmp_path, capsys):
     assert "cannot load model 'models:/io@nope'" in capsys.readouterr().err
 
 
+def test_predict_output_paths(registered, tmp_path, capsys):
+    np.save(tmp_path / "X.npy", target_samples(registered))
+    X = tmp_path / "X.npy"
+    out = tmp_path / "new" / "dir" / "p.parquet"
+    assert _predict(registered, X, out) == 0  # missing folders are created
+    first = pd.read_parquet(out)
+    assert _predict(registered, X, out) == 2
+    assert "a predictions file written by this system); pass --overwrite" in capsys.readouterr().err
+    assert _predict(registered, X, out, "--overwrite") == 0
+    pd.testing.assert_frame_equal(pd.read_parquet(out), first)
+    assert [p.name for p in out.parent.iterdir()] == ["p.parquet"]
+    other = tmp_path / "notes.csv"
+    other.write_text("a,b\n1,2\n")
+    (tmp_path / "d.csv").mkdir()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for path, message in [
+        (other, "is a file, not a predictions file written by this system"),
+        (tmp_path / "d.csv", "is a directory, not a predictions file"),
+        (blocker / "x.parquet", f"cannot create the folder {blocker} of the output"),
+    ]:
+        assert _predict(registered, X, path, "--overwrite") == 2
+        err = capsys.readouterr().err
+        assert message in err and "--overwrite" not in err, err
+    assert other.read_text() == "a,b\n1,2\n"
+
+
 def test_deploy_core_needs_no_study_or_engine():
     """The served code path imports numpy-only modules (shipped as code_paths)."""
     import subprocess

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import scipy.io
 
+from mmdtl2_dist.cli import main
 from mmdtl2_dist.commands import ingest as ingest_cmd
 from mmdtl2_dist.store import FeatureStore, IngestInput, ingest
 from mmdtl2_dist.store import feature_store as fs_module
@@ -130,6 +131,38 @@ def test_csv_and_parquet_tables(tmp_path, sample):
     )
     _check(tmp_path / "st", X, y, groups, ids, device="b")
     _check(tmp_path / "st", X, y, device="c")
+
+
+def test_headerless_csv_keeps_every_row(tmp_path, capsys):
+    (tmp_path / "f.csv").write_text("0.1,0.2\n0.3,0.4\n")
+    args = ["ingest", str(tmp_path / "s.zarr"), "-i", f"a:conv3:{tmp_path / 'f.csv'}", "-q"]
+    assert main(args) == 0
+    got = FeatureStore.open(tmp_path / "s.zarr").read("a", "conv3")
+    np.testing.assert_array_equal(got, [[0.1, 0.2], [0.3, 0.4]])
+    # numbers with a gap are still a sample (refused for its NaN, never dropped)
+    (tmp_path / "g.csv").write_text("0.1,,0.2\n0.3,1,0.4\n")
+    with pytest.raises(ValueError, match=r"1 sample\(s\).*rows 0 "):
+        ingest(tmp_path / "g", [IngestInput("a", "s", str(tmp_path / "g.csv"))])
+    # a header of names is still a header
+    X = np.random.default_rng(0).standard_normal((5, 3))
+    pd.DataFrame(X, columns=["f0", "f1", "1.5e3x"]).to_csv(tmp_path / "h.csv", index=False)
+    ingest(tmp_path / "h", [IngestInput("a", "s", str(tmp_path / "h.csv"))])
+    _check(tmp_path / "h", X)
+
+
+def test_csv_first_row_0_to_L_minus_1_needs_a_choice(tmp_path, capsys):
+    X = np.random.default_rng(0).standard_normal((5, 3))
+    pd.DataFrame(X).to_csv(tmp_path / "p.csv", index=False)  # header "0,1,2"
+    args = ["ingest", str(tmp_path / "s.zarr"), "-i", f"a:s:{tmp_path / 'p.csv'}", "-q"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "the first row 0,1,2 may be column names" in err and "--no-header" in err
+    assert not (tmp_path / "s.zarr").exists()
+    assert main([*args, "--header"]) == 0
+    _check(tmp_path / "s.zarr", X)
+    assert main([*args[:1], str(tmp_path / "n.zarr"), *args[2:], "--no-header"]) == 0
+    got = FeatureStore.open(tmp_path / "n.zarr").read("a", "s")
+    np.testing.assert_array_equal(got, np.vstack([[0, 1, 2], X]))
 
 
 def test_integer_features_become_exact_float64_and_transpose(tmp_path):

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
                 keys=keys,
                 metadata_path=side.get(device),
                 transpose=args.transpose,
+                header=args.header,
             )
         )
     unknown = set(side) - {i.device for i in inputs}
@@ -106,6 +107,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ids-key", help="variable / column of original sample ids")
     p.add_argument("--transpose", action="store_true", help="features are stored L x n")
     p.add_argument(
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CSV: the first row names the columns (--header) or is a sample (--no-header); "
+        "default: a first row of numbers is a sample",
+    )
+    p.add_argument(
         "--dtype",
         choices=["float32", "float64"],
         help="force the stored dtype (default keeps float32/float64)",
@@ -117,6 +125,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="none",
         help="chunk compression (a CRC32C checksum is always stored)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing feature store (nothing else is ever replaced)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
     p.set_defaults(func=run)

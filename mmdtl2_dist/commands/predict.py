@@ -23,9 +23,10 @@ def run(args: argparse.Namespace) -> int:
     import mlflow
     import pandas as pd
 
-    from mmdtl2_dist.deploy.io import iter_batches, write_predictions
+    from mmdtl2_dist.deploy.io import check_output, iter_batches, write_predictions
     from mmdtl2_dist.deploy.registry import use_tracking_uri
 
+    check_output(args.output, args.overwrite)  # before the model is loaded and run
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     t0 = time.perf_counter()
     try:
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.input} holds no samples.")
     out = pd.concat(frames, ignore_index=True)
     predict_s = time.perf_counter() - t1
-    write_predictions(out, args.output)
+    write_predictions(out, args.output, overwrite=args.overwrite)
     if not args.quiet:
         counts = out["class"].value_counts().sort_index()
         print(
@@ -87,6 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model URI, e.g. models:/NAME@champion")
     p.add_argument(
         "-o", "--output", default=None, help=".parquet or .csv file (default: CSV on stdout)"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing predictions file written by mmdtl2 predict",
     )
     p.add_argument(
         "--device", default=None, help="feature-store device (default: the model's target device)"

@@ -8,11 +8,18 @@ Inputs (raw target-device features, one row per sample):
 - Zarr: a feature store of this project (the rows of one device in one space; the output
   gets ``device``, ``row`` and ``sample_id``), or a plain 2-D Zarr array.
 
-Outputs: ``.parquet`` or ``.csv`` (by extension), or CSV on stdout.
+Outputs: ``.parquet`` or ``.csv`` (by extension), or CSV on stdout. A missing folder of
+the output is created. An existing output is replaced only when asked (``overwrite``) and
+only when it is a predictions file this system wrote (its columns: ``row``, ``class``,
+``label``, ``score_<class>``); any other file or directory there is refused
+(:func:`~mmdtl2_dist.store.outputs.claim_output`). The file is written under a temporary
+name and renamed when complete.
 """
 
 from __future__ import annotations
 
+import csv
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from mmdtl2_dist.store.outputs import OutputKind, StagedOutput, claim_output
+
+OUTPUT_SUFFIXES = (".parquet", ".csv")
 
 
 @dataclass
@@ -175,15 +186,76 @@ def _zarr(path: Path, batch_size: int, device, space) -> Iterator[Batch]:
         yield Batch(fs.read(device, space, slice(r0, r1)).astype(np.float64), ids)
 
 
-def write_predictions(frame: pd.DataFrame, output: str | Path | None) -> None:
-    """Write to ``.parquet`` / ``.csv`` (by extension), or CSV on stdout for ``None``/``-``."""
+def _columns_of(path: Path) -> list[str]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    with open(path, newline="") as fh:
+        return next(csv.reader(fh), [])
+
+
+def _is_predictions_file(path: Path) -> bool:
+    """A ``.parquet`` / ``.csv`` file with the columns ``mmdtl2 predict`` writes."""
+    if not path.is_file() or path.suffix not in OUTPUT_SUFFIXES:
+        return False
+    try:
+        cols = _columns_of(path)
+    except Exception:  # noqa: BLE001 - unreadable or not a table: not a predictions file
+        return False
+    return {"row", "class", "label"} <= set(cols) and any(c.startswith("score_") for c in cols)
+
+
+PREDICTIONS = OutputKind("predictions file", is_dir=False, recognise=_is_predictions_file)
+
+
+def check_output(output: str | Path | None, overwrite: bool = False) -> Path | None:
+    """Check (before any work) that predictions can be written to ``output``.
+
+    Returns the output path, or None for stdout (``None`` or ``-``). Creates a missing
+    folder of the output.
+
+    Raises
+    ------
+    ValueError
+        If the extension is not ``.parquet`` / ``.csv``, the path holds anything but a
+        predictions file this system wrote (or one without ``overwrite``), or its folder
+        cannot be created or written.
+    """
     if output is None or str(output) == "-":
+        return None
+    out = Path(output).absolute()
+    if out.suffix not in OUTPUT_SUFFIXES:
+        raise ValueError(f"output {str(output)!r}: use a .parquet or .csv file name, or '-'.")
+    claim_output(out, PREDICTIONS, overwrite=overwrite)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot create the folder {out.parent} of the output ({exc.strerror}); give -o "
+            "a path in a folder you can write."
+        ) from exc
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"cannot write in {out.parent} (permission denied); give -o a path in a folder "
+            "you can write."
+        )
+    return out
+
+
+def write_predictions(
+    frame: pd.DataFrame, output: str | Path | None, *, overwrite: bool = False
+) -> None:
+    """Write to ``.parquet`` / ``.csv`` (by extension), or CSV on stdout for ``None``/``-``.
+
+    The output is checked with :func:`check_output` and written atomically.
+    """
+    out = check_output(output, overwrite)
+    if out is None:
         frame.to_csv(sys.stdout, index=False)
         return
-    out = Path(output)
-    if out.suffix == ".parquet":
-        frame.to_parquet(out, index=False)
-    elif out.suffix == ".csv":
-        frame.to_csv(out, index=False)
-    else:
-        raise ValueError(f"output {str(out)!r}: use a .parquet or .csv file name, or '-'.")
+    with StagedOutput(out, replace=overwrite) as tmp:
+        if out.suffix == ".parquet":
+            frame.to_parquet(tmp, index=False)
+        else:
+            frame.to_csv(tmp, index=False)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ from mmdtl2_dist.engine.plan import (
     task_memory_bytes,
 )
 from mmdtl2_dist.store.feature_store import FeatureStore
+from mmdtl2_dist.store.outputs import OutputKind, StagedOutput, claim_output
 
 _JOB_KEYS = (
     "store_fingerprint",
@@ -65,10 +64,14 @@ def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_bl
     }
 
 
+GRAM_OUTPUT = OutputKind(
+    "Gram store", is_dir=True, recognise=lambda path: (path / JOB_FILE).is_file()
+)
+
+
 def _create_skeleton(out: Path, job: dict, fs: FeatureStore) -> None:
     """Create an empty Gram store atomically (a partial skeleton is never visible)."""
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
-    try:
+    with StagedOutput(out) as tmp:
         root = zarr.open_group(str(tmp), mode="w-")
         n, t = job["n_rows"], job["tile_rows"]
         root.create_array(
@@ -86,10 +89,6 @@ def _create_skeleton(out: Path, job: dict, fs: FeatureStore) -> None:
         index.insert(0, "gram_row", np.arange(len(index), dtype=np.int64))
         index.to_parquet(tmp / INDEX_FILE, index=False)
         tasks.write_json_atomic(tmp / JOB_FILE, job)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _check_resumable(out: Path, job: dict) -> dict:
@@ -295,7 +294,8 @@ def compute_gram(
     space : str
         Feature space.
     out_path : str or Path
-        Gram store to create, or a partial one to resume (finished tiles are skipped).
+        Gram store to create (a missing path or an empty directory), or one to resume
+        (finished tiles are skipped); anything else there is refused.
     preprocessing : {"none", "l2", "zscore", "l2_zscore"}
         Applied per device with statistics over all that device's samples
         (:mod:`mmdtl2_dist.core.preprocessing`); the statistics are stored.
@@ -333,6 +333,7 @@ def compute_gram(
     n_rows = sum(fs.shape(d, space)[0] for d in devices)
     n_features = fs.shape(devices[0], space)[1]
     chunk_rows, chunk_cols = arr0.chunks
+    claim_output(out, GRAM_OUTPUT, overwrite=None)  # resume our own Gram, touch nothing else
     stored = json.loads((out / JOB_FILE).read_text()) if (out / JOB_FILE).exists() else None
     if tile_rows is None:
         tile_rows = (

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from mmdtl2_dist.store.layout import (
     check_name,
     choose_chunks,
 )
+from mmdtl2_dist.store.outputs import FEATURE_STORE, StagedOutput, claim_output
 
 COMPRESSION = ("none", "zstd")
 _MAX_ROWS_NAMED = 20
@@ -283,14 +282,17 @@ class StoreWriter:
 
     Everything is written under a hidden sibling directory, which is renamed to ``path``
     only when :meth:`commit` succeeds (the ``with`` block exits normally). A failure
-    leaves nothing at ``path``.
+    leaves nothing at ``path``; what a killed writer left is cleaned up by the next
+    writer of the same path (:class:`~mmdtl2_dist.store.outputs.StagedOutput`).
 
     Parameters
     ----------
     path : str or Path
-        Directory of the new store.
+        Directory of the new store: missing, an empty directory, or (with ``overwrite``)
+        a feature store. Anything else there is refused, never replaced
+        (:func:`~mmdtl2_dist.store.outputs.claim_output`).
     overwrite : bool
-        Replace an existing store at ``path`` (only once the new one is complete).
+        Replace an existing feature store at ``path`` (only once the new one is complete).
     compression : {"none", "zstd"}
         Chunk compression; a CRC32C checksum is always added.
     progress : bool
@@ -313,17 +315,14 @@ class StoreWriter:
         progress: bool = False,
     ):
         self.path = Path(path).absolute()
-        if self.path.exists() and not overwrite:
-            raise ValueError(
-                f"{self.path} already exists; pass overwrite=True (--overwrite) or choose "
-                "another path."
-            )
         if compression not in COMPRESSION:
             raise ValueError(f"compression must be one of {COMPRESSION}, got {compression!r}.")
+        self._stage = StagedOutput(self.path, replace=overwrite)
+        claim_output(self.path, FEATURE_STORE, overwrite=overwrite)
         self.overwrite = overwrite
         self.compression = compression
         self.progress = progress
-        self._tmp = self.path.parent / f".{self.path.name}.tmp-{uuid.uuid4().hex[:12]}"
+        self._tmp = self._stage.tmp
         self._writers: list[ArrayWriter] = []
         self._root = None
 
@@ -338,8 +337,7 @@ class StoreWriter:
             if exc_type is None:
                 self.commit()
         finally:
-            if self._tmp.exists():
-                shutil.rmtree(self._tmp, ignore_errors=True)
+            self._stage.discard()
 
     def create_array(
         self,
@@ -429,15 +427,8 @@ class StoreWriter:
             ],
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        old = None
-        if self.path.exists():
-            if not self.overwrite:
-                raise ValueError(f"{self.path} appeared while writing; not replacing it.")
-            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:12]}"
-            os.replace(self.path, old)
-        os.replace(self._tmp, self.path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        claim_output(self.path, FEATURE_STORE, overwrite=self.overwrite)  # still ours?
+        self._stage.commit()
 
 
 def _check_consistency(writers: list[ArrayWriter], tables: list[pd.DataFrame]) -> None:

@@ -12,7 +12,11 @@ Supported inputs (rows = samples):
 - ``.csv`` and ``.parquet``: one row per sample; the metadata columns (``label``,
   ``class_name``, ``group``, ``sample_id`` or the names given) are taken out and every
   other column is a feature, in file order. A Parquet list column can hold the whole
-  feature vector instead.
+  feature vector instead. A CSV's first row names the columns unless all its fields are
+  numbers: then it is a sample (a file without a header; its columns are all features,
+  metadata comes from a side table). A first row ``0,1,...,L-1`` is ambiguous (pandas
+  writes it for unnamed columns) and needs ``header=True`` or ``False``
+  (``--header`` / ``--no-header``); so every row of the file is a sample in the store.
 
 Data types are kept when they are float32 or float64 (so a round trip is exact; CSV
 carries no type, its numbers are read as float64: pass ``dtype="float32"`` for float32 data);
@@ -22,6 +26,7 @@ float16 becomes float32, integers and booleans become float64 (exact below 2**53
 
 from __future__ import annotations
 
+import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +72,9 @@ class IngestInput:
         metadata columns (needed for ``.npy``).
     transpose : bool
         The features are stored ``L x n`` (features as rows).
+    header : bool, optional
+        CSV only: the first row names the columns (True) or is a sample (False);
+        default: detected (see the module docstring).
     """
 
     device: str
@@ -76,6 +84,7 @@ class IngestInput:
     keys: dict | None = None
     metadata_path: str | None = None
     transpose: bool = False
+    header: bool | None = None
 
 
 class _Source:
@@ -108,14 +117,23 @@ class _ArraySource(_Source):
 class _TableSource(_Source):
     """CSV or Parquet: feature columns (or one list column) plus metadata columns."""
 
-    def __init__(self, path: Path, kind: str, features_key, keys):
+    def __init__(self, path: Path, kind: str, features_key, keys, header: bool | None = None):
         self.path, self.kind = path, kind
+        self.header = _csv_header_row(path, header) if kind == "csv" else 0
         names = self._columns()
         meta_cols = {}
         for field in META_FIELDS:
             want = keys.get(field)
             if want is not None and want not in names:
-                raise IngestError(f"{path}: no column {want!r} for {field}; columns: {names[:20]}.")
+                unnamed = (
+                    " (the file has no header row, so no column has a name: give metadata "
+                    "in a side table, --metadata)"
+                    if self.header is None
+                    else ""
+                )
+                raise IngestError(
+                    f"{path}: no column {want!r} for {field}; columns: {names[:20]}{unnamed}."
+                )
             cands = [want] if want else [c for c in _DEFAULT_KEYS[field] if c in names]
             if cands:
                 meta_cols[field] = cands[0]
@@ -158,7 +176,7 @@ class _TableSource(_Source):
 
     def _columns(self) -> list[str]:
         if self.kind == "csv":
-            return list(pd.read_csv(self.path, nrows=0).columns)
+            return list(pd.read_csv(self.path, nrows=0, header=self.header).columns)
         import pyarrow.parquet as pq
 
         return list(pq.ParquetFile(self.path).schema_arrow.names)
@@ -168,15 +186,16 @@ class _TableSource(_Source):
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(self.path).metadata.num_rows
-        first = pd.read_csv(self.path, nrows=0).columns[0]
-        return sum(len(c) for c in pd.read_csv(self.path, usecols=[first], chunksize=1 << 16))
+        first = pd.read_csv(self.path, nrows=0, header=self.header).columns[0]
+        chunks = pd.read_csv(self.path, usecols=[first], header=self.header, chunksize=1 << 16)
+        return sum(len(c) for c in chunks)
 
     def _read_meta(self) -> dict:
         cols = list(self.meta_cols.values())
         if not cols:
             return {}
         if self.kind == "csv":
-            table = pd.read_csv(self.path, usecols=cols, keep_default_na=False)
+            table = pd.read_csv(self.path, usecols=cols, header=self.header, keep_default_na=False)
         else:
             table = pd.read_parquet(self.path, columns=cols)
         return {f: table[c].to_numpy() for f, c in self.meta_cols.items()}
@@ -184,7 +203,10 @@ class _TableSource(_Source):
     def _raw_blocks(self, block_rows):
         if self.kind == "csv":
             cols = self.feature_cols
-            for chunk in pd.read_csv(self.path, usecols=cols, chunksize=max(block_rows, 1)):
+            chunks = pd.read_csv(
+                self.path, usecols=cols, header=self.header, chunksize=max(block_rows, 1)
+            )
+            for chunk in chunks:
                 yield _numeric(chunk[cols], self.path), None
         else:
             import pyarrow.parquet as pq
@@ -206,6 +228,37 @@ class _TableSource(_Source):
     def blocks(self, block_rows):
         for feats, _ in self._raw_blocks(block_rows):
             yield feats
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _csv_header_row(path: Path, header: bool | None) -> int | None:
+    """Pandas' ``header`` for a CSV: 0 when its first row names the columns, else None.
+
+    Detected unless given: a first row of numbers (empty fields allowed) is a sample,
+    except ``0,1,...,L-1``, which could be either and must be said.
+    """
+    if header is not None:
+        return 0 if header else None
+    with open(path, newline="") as fh:
+        first = next((row for row in csv.reader(fh) if any(f.strip() for f in row)), [])
+    fields = [f.strip() for f in first]
+    if any(f and not _is_number(f) for f in fields):
+        return 0
+    if fields == [str(i) for i in range(len(fields))]:
+        shown = ",".join(fields[:4]) + (",..." if len(fields) > 4 else "")
+        raise IngestError(
+            f"{path}: the first row {shown} may be column names (what pandas writes for "
+            "unnamed columns) or a sample; say which: header=True (--header) if it names "
+            "the columns, header=False (--no-header) if it is a sample."
+        )
+    return None
 
 
 def _numeric(frame: pd.DataFrame, path) -> np.ndarray:
@@ -301,7 +354,7 @@ def open_source(inp: IngestInput) -> _Source:
         elif ext in (".csv", ".parquet"):
             if inp.transpose:
                 raise IngestError(f"{path}: transpose is not supported for tables.")
-            src = _TableSource(path, ext[1:], inp.features_key, keys)
+            src = _TableSource(path, ext[1:], inp.features_key, keys, inp.header)
         else:
             raise IngestError(f"{path}: unsupported format {ext!r}; supported: {FORMATS}.")
     except (IngestError, FileNotFoundError):

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from ray.tune import Callback
 
+from mmdtl2_dist.store.outputs import OutputKind, claim_output
 from mmdtl2_dist.study.data import (
     build_office_caltech_store,
     make_synthetic,
@@ -43,6 +44,9 @@ from mmdtl2_dist.study.trial import PairPlan, StudyPlan
 STATE_FILE = "study.json"
 PLAN_FILE = "plan.pkl"
 TUNE_DIR = "tune"
+STUDY_OUTPUT = OutputKind(
+    "study folder", is_dir=True, recognise=lambda path: (path / STATE_FILE).is_file()
+)
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -370,6 +374,9 @@ def run_study(
 ) -> dict:
     """Run (or resume) a study end to end; return the report dict.
 
+    ``spec.output`` must be missing, an empty directory or this study's folder; a folder
+    holding anything else is refused before anything is written there.
+
     Parameters
     ----------
     spec : StudySpec or path
@@ -392,6 +399,7 @@ def run_study(
     t_start = time.perf_counter()
     out = spec.output
     state_path = out / STATE_FILE
+    claim_output(out, STUDY_OUTPUT, overwrite=None)  # continue our own study, touch nothing else
     if state_path.exists():
         old = json.loads(state_path.read_text())
         if old.get("spec_fingerprint") != spec.fingerprint():

@@ -1,0 +1,286 @@
+"""Output paths: what a command may write over, and how it writes them atomically.
+
+Ownership rule (:func:`claim_output`, applied to every output path: feature stores, Gram
+stores, study folders, prediction files). A command writes at a path only when
+
+- nothing is there, or an empty directory where a directory goes (nothing to lose); or
+- the path holds an output of the same kind that this system wrote, recognised by the
+  kind's signature (:class:`OutputKind`: a feature store's root attribute, a Gram store's
+  ``job.json``, a study folder's ``study.json``, the columns of a prediction file). Such
+  an output is resumed (Gram stores, study folders) or replaced, and replaced only when
+  the caller asked for it (``overwrite``, ``--overwrite``).
+
+Anything else (a plain file where a directory goes, a directory or file this system did
+not write, a symbolic link to be replaced) is refused with an :class:`OutputPathError`
+that names the path, says what is there and asks for another path; ``--overwrite`` never
+applies to it, so a mistyped path cannot destroy a user's files.
+
+Atomic writes (:class:`StagedOutput`). An output is built under a hidden sibling
+``.<name>.tmp-<host>-<pid>-<token>`` and renamed into place when complete; a directory
+being replaced is first renamed to ``.<name>.old-<host>-<pid>-<token>`` and deleted after
+the swap. The host and process id in these names make leftovers provable: when a writer
+for the same target starts, it deletes the temporary siblings of writers on this host
+whose process is gone, puts back an ``.old-`` sibling when the target itself is missing
+(the writer was killed between the two renames of a swap), and deletes it otherwise (the
+swap completed). It says so in one line on stderr. Siblings of live processes or of
+other hosts are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mmdtl2_dist.store.layout import ROOT_ATTR
+
+_FIX = "choose another path, or remove it yourself if it is no longer needed"
+
+
+class OutputPathError(ValueError):
+    """An output path holds something this system did not write (or may not replace)."""
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """A kind of output this system writes, and how to recognise one.
+
+    Attributes
+    ----------
+    what : str
+        Its name in messages ("feature store").
+    is_dir : bool
+        A directory (else a single file).
+    recognise : callable
+        ``recognise(path) -> bool``: ``path`` holds this kind of output written by this
+        system (checks the signature only; must not raise).
+    replace_hint : str
+        How to ask for a replacement (said only about outputs of this kind).
+    """
+
+    what: str
+    is_dir: bool
+    recognise: Callable[[Path], bool]
+    replace_hint: str = "pass --overwrite to replace it"
+
+
+def _is_feature_store(path: Path) -> bool:
+    try:
+        attrs = json.loads((path / "zarr.json").read_text()).get("attributes") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(attrs, dict) and ROOT_ATTR in attrs
+
+
+FEATURE_STORE = OutputKind(
+    "feature store",
+    is_dir=True,
+    recognise=_is_feature_store,
+    replace_hint="pass overwrite=True (--overwrite) to replace it",
+)
+
+
+def _is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and next(path.iterdir(), None) is None
+
+
+def _what_is_there(path: Path) -> str:
+    if path.is_symlink():
+        return "is a symbolic link"
+    if path.is_file():
+        return "is a file"
+    if path.is_dir():
+        entries = sorted(p.name for p in path.iterdir())
+        if not entries:
+            return "is a directory"
+        shown = ", ".join(repr(e) for e in entries[:3])
+        more = f" and {len(entries) - 3} more" if len(entries) > 3 else ""
+        return f"is a non-empty directory (holding {shown}{more})"
+    return "is neither a regular file nor a directory"
+
+
+def claim_output(path: str | os.PathLike, kind: OutputKind, *, overwrite: bool | None) -> bool:
+    """Check that writing ``kind`` at ``path`` can lose nothing this system did not write.
+
+    Parameters
+    ----------
+    path : str or Path
+        The output path.
+    kind : OutputKind
+        What will be written there.
+    overwrite : bool or None
+        For outputs that are replaced: whether the caller asked to replace an existing
+        one. ``None`` for outputs that are resumed in place (an existing one is reused).
+
+    Returns
+    -------
+    bool
+        True when ``path`` holds an output of this kind (to be replaced or resumed);
+        False when it is free (missing, or an empty directory for a directory kind).
+
+    Raises
+    ------
+    OutputPathError
+        If ``path`` holds anything else, or an output of this kind that may not be
+        replaced (``overwrite=False``).
+    """
+    path = Path(path).absolute()
+    if not os.path.lexists(path):
+        return False
+    if kind.recognise(path):
+        if overwrite is False:
+            raise OutputPathError(
+                f"{path} already exists (a {kind.what} written by this system); "
+                f"{kind.replace_hint}, or choose another path."
+            )
+        if overwrite is None or not path.is_symlink():
+            return True
+        real = os.path.realpath(path)
+        raise OutputPathError(
+            f"{path} is a symbolic link to the {kind.what} {real}; links are never replaced: "
+            f"give {real} itself, or another path."
+        )
+    if kind.is_dir and _is_empty_dir(path):
+        return False
+    raise OutputPathError(
+        f"{path} {_what_is_there(path)}, not a {kind.what} written by this system, so it "
+        f"is left untouched; {_FIX}."
+    )
+
+
+# -- atomic writes and their leftovers ------------------------------------------------------
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def _sibling(target: Path, role: str) -> Path:
+    return target.parent / f".{target.name}.{role}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host may still run (True unless provably gone)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _dead_siblings(target: Path, role: str) -> list[Path]:
+    """Siblings ``.<name>.<role>-<host>-<pid>-<token>`` of this host's dead processes."""
+    pattern = re.compile(
+        re.escape(f".{target.name}.{role}-") + r"(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$"
+    )
+    host, found = _host(), []
+    if not target.parent.is_dir():
+        return found
+    for p in target.parent.iterdir():
+        m = pattern.match(p.name)
+        if m and m["host"] == host and not _pid_alive(int(m["pid"])):
+            found.append(p)
+    return found
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def recover_leftovers(target: str | os.PathLike) -> str | None:
+    """Restore or delete what killed writers of ``target`` left; describe it (or None).
+
+    An ``.old-`` sibling is put back when ``target`` is missing (the newest, if several),
+    and deleted otherwise; ``.tmp-`` siblings are deleted. Only siblings of processes of
+    this host that no longer run are touched.
+    """
+    target = Path(target).absolute()
+    olds = sorted(_dead_siblings(target, "old"), key=lambda p: p.stat().st_mtime)
+    tmps = _dead_siblings(target, "tmp")
+    said = []
+    if olds and not os.path.lexists(target):
+        restored = olds.pop()
+        os.replace(restored, target)
+        said.append(f"restored {target} from {restored.name} (a run was killed while replacing it)")
+    for p in olds + tmps:
+        _remove(p)
+    if olds or tmps:
+        said.append(
+            f"removed {len(olds) + len(tmps)} unfinished write(s) of {target} left by killed runs"
+        )
+    return "; ".join(said) or None
+
+
+class StagedOutput:
+    """Write an output under a hidden temporary sibling, then move it into place.
+
+    Creating one first calls :func:`recover_leftovers` for the target (printing its line
+    to stderr). Write to :attr:`tmp`, then call :meth:`commit`; :meth:`discard` (always
+    safe) deletes what is left of :attr:`tmp`. As a context manager it commits when the
+    block succeeds and discards in any case.
+
+    Parameters
+    ----------
+    target : str or Path
+        The final path (a directory or a file).
+    replace : bool
+        The target may hold an output to replace (the caller checked it with
+        :func:`claim_output`). Otherwise only a missing target or an empty directory is
+        written over.
+    """
+
+    def __init__(self, target: str | os.PathLike, *, replace: bool = False):
+        self.target = Path(target).absolute()
+        self.replace = replace
+        note = recover_leftovers(self.target)
+        if note:
+            print(f"mmdtl2: {note}", file=sys.stderr, flush=True)
+        self.tmp = _sibling(self.target, "tmp")
+
+    def commit(self) -> None:
+        """Move :attr:`tmp` to the target (a directory being replaced is swapped out).
+
+        Raises
+        ------
+        OutputPathError
+            If something appeared at the target while writing and ``replace`` is false.
+        """
+        target = self.target
+        if os.path.lexists(target) and not self.replace and not _is_empty_dir(target):
+            raise OutputPathError(f"{target} appeared while writing; not replacing it.")
+        if target.is_dir() and not target.is_symlink() and not _is_empty_dir(target):
+            old = _sibling(target, "old")
+            os.replace(target, old)
+            os.replace(self.tmp, target)
+            _remove(old)
+        else:
+            os.replace(self.tmp, target)
+
+    def discard(self) -> None:
+        """Delete the temporary output if it is still there."""
+        if os.path.lexists(self.tmp):
+            _remove(self.tmp)
+
+    def __enter__(self) -> Path:
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.commit()
+        finally:
+            self.discard()

@@ -1,0 +1,282 @@
+"""Output paths: only what this system wrote is ever replaced; killed writers leave nothing.
+
+Real CLI runs (``mmdtl2_dist.cli.main`` and real subprocesses), real Zarr stores, real
+SIGKILLs of real writer processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmdtl2_dist.cli import main
+from mmdtl2_dist.store import FeatureStore, StoreWriter
+from mmdtl2_dist.store.outputs import FEATURE_STORE, StagedOutput, claim_output
+
+ROOT = Path(__file__).resolve().parents[1]
+SYNTH = ["--n-source", "20", "--n-target", "10", "--dim", "8", "-q"]
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    """Run ``mmdtl2`` in a new process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "mmdtl2_dist.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
+
+
+def _hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def _refused(capsys, command: str, path: Path, what: str) -> str:
+    err = capsys.readouterr().err
+    assert f"mmdtl2 {command}: error: {path}" in err, err
+    assert f"not a {what} written by this system" in err and "Traceback" not in err
+    assert "--overwrite" not in err  # never offered for a path that is not ours
+    return err
+
+
+# -- the ownership rule -------------------------------------------------------------------
+
+
+def test_overwrite_keeps_a_foreign_directory(tmp_path, capsys):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("x\n")
+    assert main(["synth", str(victim), *SYNTH, "--overwrite"]) == 2
+    err = _refused(capsys, "synth", victim, "feature store")
+    assert "non-empty directory (holding 'thesis.tex')" in err
+    assert "choose another path, or remove it yourself" in err
+    assert sorted(p.name for p in victim.iterdir()) == ["thesis.tex"]
+    assert (victim / "thesis.tex").read_text() == "x\n"
+    assert _hidden(tmp_path) == []
+
+
+def test_overwrite_keeps_a_plain_file(tmp_path, capsys):
+    f = tmp_path / "notes.txt"
+    f.write_text("keep me")
+    np.save(tmp_path / "x.npy", np.ones((4, 3), np.float32))
+    assert main(["ingest", str(f), "-i", f"a:s:{tmp_path / 'x.npy'}", "--overwrite", "-q"]) == 2
+    assert "is a file" in _refused(capsys, "ingest", f, "feature store")
+    assert f.read_text() == "keep me"
+
+
+def test_overwrite_replaces_our_own_store(tmp_path, capsys):
+    path = tmp_path / "s.zarr"
+    assert main(["synth", str(path), *SYNTH]) == 0
+    first = FeatureStore.open(path).fingerprint
+    assert main(["synth", str(path), *SYNTH, "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "already exists (a feature store written by this system)" in err
+    assert "--overwrite" in err
+    assert FeatureStore.open(path).fingerprint == first
+    assert main(["synth", str(path), *SYNTH, "--seed", "1", "--overwrite"]) == 0
+    assert FeatureStore.open(path).fingerprint != first
+    assert _hidden(tmp_path) == []
+    (tmp_path / "empty").mkdir()  # an empty directory holds nothing to lose
+    assert main(["synth", str(tmp_path / "empty"), *SYNTH]) == 0
+    assert FeatureStore.open(tmp_path / "empty").fingerprint == first
+
+
+def test_symlink_is_not_replaced(tmp_path):
+    target = tmp_path / "s.zarr"
+    with StoreWriter(target) as w:
+        w.create_array("a", "s", 2, 2).append(np.ones((2, 2), np.float32))
+    link = tmp_path / "link.zarr"
+    link.symlink_to(target)
+    with pytest.raises(ValueError, match="is a symbolic link to the feature store"):
+        StoreWriter(link, overwrite=True)
+    with pytest.raises(ValueError, match="already exists"):
+        StoreWriter(link)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "a.txt").write_text("a")
+    (tmp_path / "dirlink").symlink_to(tmp_path / "dir")
+    with pytest.raises(ValueError, match="is a symbolic link, not a feature store"):
+        StoreWriter(tmp_path / "dirlink", overwrite=True)
+    assert link.is_symlink() and FeatureStore.open(target).shape("a", "s") == (2, 2)
+    assert claim_output(target, FEATURE_STORE, overwrite=True) is True
+
+
+def test_gram_out_foreign_directory_is_refused(tmp_path, capsys):
+    assert main(["synth", str(tmp_path / "s.zarr"), *SYNTH]) == 0
+    out = tmp_path / "g"
+    out.mkdir()
+    (out / "data.csv").write_text("1,2\n")
+    assert main(["gram", str(tmp_path / "s.zarr"), "--out", str(out), "-q"]) == 2
+    assert "non-empty directory" in _refused(capsys, "gram", out, "Gram store")
+    assert sorted(p.name for p in out.iterdir()) == ["data.csv"]
+    assert _hidden(tmp_path) == []
+
+
+def test_study_output_foreign_directory_is_refused(tmp_path, capsys):
+    assert main(["synth", str(tmp_path / "store.zarr"), *SYNTH, "--classes", "2"]) == 0
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        textwrap.dedent(
+            """
+            [study]
+            name = "foreign"
+            [data]
+            store = "store.zarr"
+            space = "conv3"
+            pairs = [["source", "target"]]
+            [splits]
+            protocol = "half"
+            n_splits = 1
+            samples_per_class = [1]
+            [[methods]]
+            method = "target_svm"
+            """
+        )
+    )
+    out = tmp_path / "home"
+    out.mkdir()
+    (out / "thesis.tex").write_text("x\n")
+    assert main(["study", "run", str(spec), "--output", str(out), "--quiet"]) == 2
+    _refused(capsys, "study", out, "study folder")
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+
+
+# -- leftovers of killed writers ----------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_only_dead_local_writers_leftovers_are_removed(tmp_path, capsys):
+    from mmdtl2_dist.store.outputs import _host
+
+    target = tmp_path / "out.zarr"
+    host, token = _host(), "0123abcd"
+    dead = tmp_path / f".out.zarr.tmp-{host}-{_dead_pid()}-{token}"
+    live = tmp_path / f".out.zarr.tmp-{host}-{os.getpid()}-{token}"
+    remote = tmp_path / f".out.zarr.tmp-otherhost-{_dead_pid()}-{token}"
+    other = tmp_path / f".other.zarr.tmp-{host}-{_dead_pid()}-{token}"
+    for p in (dead, live, remote, other):
+        (p / "features").mkdir(parents=True)
+    with StagedOutput(target) as tmp:
+        tmp.mkdir()
+        (tmp / "zarr.json").write_text("{}")
+    assert "removed 1 unfinished write(s) of" in capsys.readouterr().err
+    assert not dead.exists() and live.exists() and remote.exists() and other.exists()
+    assert (target / "zarr.json").exists()
+
+
+def test_gram_skeleton_cleans_a_dead_writers_leftover(tmp_path, capsys):
+    from mmdtl2_dist.engine import GramStore
+    from mmdtl2_dist.engine.driver import _create_skeleton, _job_spec
+    from mmdtl2_dist.store.outputs import _host
+
+    assert main(["synth", str(tmp_path / "s.zarr"), *SYNTH]) == 0
+    fs = FeatureStore.open(tmp_path / "s.zarr")
+    (tmp_path / f".g.tmp-{_host()}-{_dead_pid()}-0123abcd" / "tiles").mkdir(parents=True)
+    job = _job_spec(fs, "conv3", fs.devices_in("conv3"), "none", 16, [(0, 8)])
+    _create_skeleton(tmp_path / "g", job, fs)
+    assert "removed 1 unfinished write(s) of" in capsys.readouterr().err
+    assert _hidden(tmp_path) == [] and GramStore.open(tmp_path / "g").n == 30
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.005)
+
+
+def test_sigkilled_ingest_leftover_is_cleaned_by_the_next_run(tmp_path):
+    X = np.random.default_rng(0).standard_normal((4000, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    store = tmp_path / "st.zarr"
+    args = ["ingest", str(store), "-i", f"a:s:{tmp_path / 'x.npy'}", "-q"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def _tmps():
+        return [p for p in tmp_path.iterdir() if p.name.startswith(".st.zarr.tmp-")]
+
+    # One row per chunk: thousands of chunk files, so the write takes seconds.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mmdtl2_dist.cli", *args, "--chunk-rows", "1"], env=env
+    )
+    try:
+        _wait_for(lambda: any((p / "features" / "a" / "s" / "c").exists() for p in _tmps()))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not store.exists() and len(_tmps()) == 1  # killed mid-write
+    res = _cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert f"mmdtl2: removed 1 unfinished write(s) of {store} left by killed runs" in res.stderr
+    assert _hidden(tmp_path) == []
+    assert np.array_equal(FeatureStore.open(store).read("a", "s"), X)
+    assert FeatureStore.open(store).verify() == []
+
+
+_KILL_AT = """
+import os, signal, sys
+from mmdtl2_dist.store import outputs
+from mmdtl2_dist.cli import main
+
+real_replace, real_remove = os.replace, outputs._remove
+
+def replace(src, dst):
+    real_replace(src, dst)
+    if sys.argv[1] == "first-rename" and ".old-" in str(dst):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def remove(path):
+    if sys.argv[1] == "delete-old" and ".old-" in str(path):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_remove(path)
+
+os.replace, outputs._remove = replace, remove
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("when", ["first-rename", "delete-old"])
+def test_killed_swap_is_recovered(tmp_path, when):
+    """A writer replacing a store is SIGKILLed between its renames, or before deleting."""
+    store = tmp_path / "s.zarr"
+    assert _cli("synth", str(store), *SYNTH).returncode == 0
+    before = FeatureStore.open(store).fingerprint
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILL_AT, when, "synth", str(store), *SYNTH, "--seed", "1"]
+        + ["--overwrite"],
+        env=env,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    hidden = _hidden(tmp_path)
+    assert [h.split("-")[0] for h in hidden] == (
+        [".s.zarr.old", ".s.zarr.tmp"] if when == "first-rename" else [".s.zarr.old"]
+    )
+    assert store.exists() == (when == "delete-old")
+    res = _cli("synth", str(store), *SYNTH, "--seed", "2")
+    assert res.returncode == 2 and "already exists" in res.stderr  # no --overwrite
+    if when == "first-rename":
+        assert f"mmdtl2: restored {store} from .s.zarr.old-" in res.stderr
+        assert "removed 1 unfinished write(s)" in res.stderr
+        assert FeatureStore.open(store).fingerprint == before
+    else:
+        assert "removed 1 unfinished write(s)" in res.stderr and "restored" not in res.stderr
+        assert FeatureStore.open(store).fingerprint != before  # the swap had completed
+    assert _hidden(tmp_path) == []
