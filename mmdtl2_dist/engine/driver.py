@@ -295,7 +295,9 @@ def compute_gram(
     space : str
         Feature space.
     out_path : str or Path
-        Gram store to create, or a partial one to resume (finished tiles are skipped).
+        Gram store to create, or one to resume or re-check: finished tiles are verified
+        (checksums and the hash recorded when written) and skipped, damaged ones are
+        recomputed and named on stderr and in ``last_run["repaired"]``.
     preprocessing : {"none", "l2", "zscore", "l2_zscore"}
         Applied per device with statistics over all that device's samples
         (:mod:`mmdtl2_dist.core.preprocessing`); the statistics are stored.
@@ -356,11 +358,15 @@ def compute_gram(
         job = _check_resumable(out, job)
     else:
         _create_skeleton(out, job, fs)
-    if job.get("complete"):
-        return GramStore.open(out)
-
     t_start = time.monotonic()
     tiles = gram_tile_plan(job["n_rows"], job["tile_rows"])
+    repaired = _forget_damaged(out, job, tiles) if stored else []
+    if job.get("complete"):
+        gs = GramStore.open(out)
+        gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
+        gs.last_run["seconds"] = time.monotonic() - t_start
+        return gs
+
     ray, owned = _ensure_ray(address, num_cpus)
     try:
         mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
@@ -409,10 +415,87 @@ def compute_gram(
         "computed": len(todo),
         "skipped": len(tiles) - len(todo),
         "seconds": time.monotonic() - t_start,
+        "repaired": repaired,
         **summary,
     }
     tasks.write_json_atomic(out / JOB_FILE, job)
     return GramStore.open(out)
+
+
+def _forget_damaged(out: Path, job: dict, tiles) -> list[str]:
+    """Check what earlier runs stored and forget its damaged parts, so this run redoes them.
+
+    Every finished tile's chunk is decoded (which checks its CRC32C) and hashed against
+    the hash its task recorded in the marker: a chunk that fails, is missing, or holds
+    other values loses its marker and is recomputed. Damaged statistics are recomputed
+    too (same bits: their sums have a fixed order) and a damaged diagonal is rewritten.
+
+    Returns
+    -------
+    list of str
+        What was damaged (also printed to stderr); empty if everything is intact.
+    """
+    gram = zarr.open_array(str(out / "gram"), mode="r")
+    markers = GramStore.open(out).finished_tiles()
+    found = []
+    for tile in tiles:
+        why = tile.key in markers and _tile_damage(gram, tile, markers[tile.key])
+        if why:
+            (out / TILES_DIR / f"{tile.key}.json").unlink()
+            chunk_file = out / "gram" / "c" / str(tile.i) / str(tile.j)
+            found.append(f"tile {tile.key} (chunk file {chunk_file}) {why}")
+    bad_stats = [
+        f"{name} {why}"
+        for name in _stats_arrays(job)
+        if job["stats_done"] and (why := _array_damage(out / name))
+    ]
+    if bad_stats:
+        job["stats_done"] = False
+    sq_why = job.get("complete") and _array_damage(out / "sq_norms")
+    damaged = found + bad_stats + ([f"sq_norms {sq_why}"] if sq_why else [])
+    if damaged:
+        job["complete"] = False
+        tasks.write_json_atomic(out / JOB_FILE, job)
+        print(
+            f"gram {job['space']}: {out} has damaged parts, recomputed in this run: "
+            + "; ".join(damaged),
+            file=sys.stderr,
+            flush=True,
+        )
+    return damaged
+
+
+def _tile_damage(gram: zarr.Array, tile, marker: dict) -> str | None:
+    """Why a finished tile's stored chunk is not what its task wrote (None if it is)."""
+    try:
+        block = gram[tile.a0 : tile.a1, tile.b0 : tile.b1]
+    except Exception as exc:  # noqa: BLE001 - any decode failure (checksum, truncation)
+        return f"cannot be decoded ({type(exc).__name__}: {exc})"
+    if tasks.tile_digest(block) == marker.get("blake2b"):
+        return None
+    if np.isnan(block).all():
+        return "is missing"
+    return "holds other values than its task wrote (hash recorded in its marker)"
+
+
+def _stats_arrays(job: dict) -> list[str]:
+    """The statistics arrays a Gram store holds for its preprocessing."""
+    method = job["preprocessing"]
+    names = ["row_norms"] if method in tasks.L2_METHODS else []
+    if method in tasks.ZSCORE_METHODS:
+        names += [f"stats/{dev}/{part}" for dev in job["devices"] for part in ("mean", "scale")]
+    return names
+
+
+def _array_damage(path: Path) -> str | None:
+    """Why a small stored array cannot be used (None if it reads back whole)."""
+    try:
+        values = zarr.open_array(str(path), mode="r")[:]
+    except Exception as exc:  # noqa: BLE001 - missing metadata or a failed decode
+        return f"cannot be read ({type(exc).__name__}: {exc})"
+    if values.size and np.isnan(values).all():
+        return "is missing"
+    return None
 
 
 def _finish(out: Path, job: dict, tiles) -> None:
