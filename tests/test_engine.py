@@ -384,3 +384,71 @@ def test_rerun_names_and_recomputes_damaged_output(ray_local, tmp_path, capsys):
     (out / "job.json").write_text(json.dumps({**job, "devices": ["a", "../../x"]}))
     with pytest.raises(ValueError, match=r"job.json is damaged or crafted: device name '\.\./"):
         GramStore.open(out)
+
+
+def _session_processes(pid: int) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """The Ray processes a command started, and its watchdog (its other child)."""
+    kids = psutil.Process(pid).children(recursive=True)
+    watchdog = [p for p in kids if any("ray_watchdog.py" in a for a in p.cmdline())]
+    return [p for p in kids if p not in watchdog], watchdog
+
+
+@pytest.mark.ray
+def test_killed_gram_command_leaves_no_ray_process(ray_local, tmp_path):
+    """SIGKILL of `mmdtl2 gram` while its local Ray computes: its Ray processes stop at once.
+
+    `study run` starts its local Ray through the same function (`_ensure_ray`). The
+    Ray of this test session (``ray_local``) must survive: it is not the command's.
+    """
+    _store(tmp_path / "st", {"a": 400, "b": 200}, 64, chunk_rows=16)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "mmdtl2_dist.cli", "gram", str(tmp_path / "st")]
+    cmd += ["--num-cpus", "1", "-q"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "g"), "--tile-rows", "8"],
+        env=env,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    ours = ray_local._private.worker._global_node.all_processes["raylet"][0].process.pid
+    ours = [psutil.Process(ours), *psutil.Process(ours).children(recursive=True)]
+    ray_procs, watchdog = [], []
+    try:
+        deadline = time.monotonic() + 240
+        tiles = tmp_path / "g" / "tiles"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if tiles.exists() and len(list(tiles.glob("*.json"))) >= 3:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        ray_procs, watchdog = _session_processes(proc.pid)
+        titles = " ".join(" ".join(p.cmdline()) for p in ray_procs)
+        assert "raylet" in titles and "ray::DashboardAgent" in titles
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs(ray_procs, timeout=15)
+        assert not alive, [(p.pid, p.cmdline()) for p in alive]
+        assert len(watchdog) == 1 and not psutil.wait_procs(watchdog, timeout=10)[1]
+        err = proc.stderr.read().decode()
+        assert f"mmdtl2: process {proc.pid}, which started the local Ray session" in err
+        assert "has exited; stopped the" in err and "ray::DashboardAgent" in err
+        assert all(p.is_running() for p in ours)  # another Ray is left alone
+
+        # A command that ends normally: its watchdog leaves with it, silently.
+        done = subprocess.run(
+            [*cmd, "--out", str(tmp_path / "g2"), "--tile-rows", "200"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0 and "stopped the" not in done.stderr, done.stderr[-2000:]
+    finally:
+        for p in ray_procs + watchdog:  # only this test's session, by pid and start time
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -150,17 +152,76 @@ def _ensure_ray(address: str | None, num_cpus: int | None):
         }
     }
     if address is None:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            runtime_env=env,
-        )
+        watchdog = _start_watchdog(ray)
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                runtime_env=env,
+            )
+        except BaseException:
+            _dismiss_watchdog()  # it stops whatever the failed start left running
+            raise
+        _announce_session(watchdog)
     else:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     return ray, True
+
+
+_WATCHDOG_SCRIPT = Path(__file__).with_name("ray_watchdog.py")
+_watchdog: subprocess.Popen | None = None
+
+
+def _start_watchdog(ray) -> subprocess.Popen | None:
+    """Start the process that stops this local Ray's processes if this process dies.
+
+    See :mod:`mmdtl2_dist.engine.ray_watchdog`. It runs in a session of its own and is
+    dismissed (its input closed) when the next local Ray starts or this process exits.
+    Returns None (and Ray starts unguarded) if it cannot start.
+    """
+    global _watchdog
+    _dismiss_watchdog()  # the previous local Ray, if any, has been shut down
+    cmd = [sys.executable, "-I", str(_WATCHDOG_SCRIPT), str(os.getpid())]
+    proc = subprocess.Popen(
+        [*cmd, str(Path(ray.__file__).parent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    # Wait until it knows this process's existing children: Ray's must come after.
+    ready, _, _ = select.select([proc.stdout], [], [], 30.0)
+    if not ready or proc.stdout.readline().strip() != b"ready":
+        proc.kill()
+        proc.wait()
+        return None
+    proc.stdout.close()
+    _watchdog = proc
+    return proc
+
+
+def _dismiss_watchdog() -> None:
+    """Close the watchdog's input: it stops what is left of its session and exits."""
+    global _watchdog
+    if _watchdog is not None:
+        _watchdog.stdin.close()
+        _watchdog = None
+
+
+def _announce_session(watchdog: subprocess.Popen | None) -> None:
+    """Tell the watchdog the Ray session directory (it finds the session's orphans)."""
+    if watchdog is None:
+        return
+    try:
+        import ray._private.worker as ray_worker
+
+        session_dir = ray_worker._global_node.get_session_dir_path()
+        watchdog.stdin.write(f"session {session_dir}\n".encode())
+        watchdog.stdin.flush()
+    except (AttributeError, OSError):
+        pass  # a Ray without this private API: the watchdog still tracks the processes
 
 
 def _run_tasks(ray, submits: list, on_done, max_in_flight: int | None = None) -> list:
