@@ -421,7 +421,7 @@ def compute_gram(
         _create_skeleton(out, job, fs)
     t_start = time.monotonic()
     tiles = gram_tile_plan(job["n_rows"], job["tile_rows"])
-    repaired = _forget_damaged(out, job, tiles) if stored else []
+    repaired = _forget_damaged(out, job, tiles, progress) if stored else []
     if job.get("complete"):
         gs = GramStore.open(out)
         gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
@@ -483,7 +483,7 @@ def compute_gram(
     return GramStore.open(out)
 
 
-def _forget_damaged(out: Path, job: dict, tiles) -> list[str]:
+def _forget_damaged(out: Path, job: dict, tiles, progress: bool) -> list[str]:
     """Check what earlier runs stored and forget its damaged parts, so this run redoes them.
 
     Every finished tile's chunk is decoded (which checks its CRC32C) and hashed against
@@ -498,6 +498,8 @@ def _forget_damaged(out: Path, job: dict, tiles) -> list[str]:
     """
     gram = zarr.open_array(str(out / "gram"), mode="r")
     markers = GramStore.open(out).finished_tiles()
+    if progress and markers:
+        print(f"gram {job['space']}: verifying {len(markers)} finished tiles", file=sys.stderr)
     found = []
     for tile in tiles:
         why = tile.key in markers and _tile_damage(gram, tile, markers[tile.key])
