@@ -330,3 +330,125 @@ def test_cli_gram_with_progress(ray_local, tmp_path, capsys):
     assert "10/10 tiles" in out.err and "computed 10 tiles" in out.out
     _close(GramStore.open(tmp_path / "g").to_numpy(), _numpy_gram(data, "l2"))
     assert FeatureStore.open(tmp_path / "st").spaces == ["s"]
+
+
+@pytest.mark.ray
+def test_rerun_names_and_recomputes_damaged_output(ray_local, tmp_path, capsys):
+    """A re-run verifies the finished Gram and recomputes exactly what was damaged."""
+    data = _store(tmp_path / "st", {"a": 20, "b": 12}, 15, chunk_rows=8)
+    parser = argparse.ArgumentParser()
+    gram_cmd.register(parser.add_subparsers())
+    out = tmp_path / "g"
+    argv = ["gram", str(tmp_path / "st"), "--out", str(out), "--tile-rows", "8"]
+    args = parser.parse_args([*argv, "--preprocessing", "l2"])
+    assert args.func(args) == 0
+    clean = GramStore.open(out)
+    G, sq, before = clean.to_numpy(), clean.sq_norms(), clean.finished_tiles()
+    capsys.readouterr()
+
+    flipped = out / "gram" / "c" / "0" / "1"
+    raw = bytearray(flipped.read_bytes())
+    raw[40] ^= 0x10
+    flipped.write_bytes(bytes(raw))
+    (out / "gram" / "c" / "2" / "3").unlink()
+    norms = out / "row_norms" / "c" / "0"
+    norms.write_bytes(norms.read_bytes()[:-3] + b"xyz")
+    assert args.func(args) == 0
+    printed, err = capsys.readouterr()
+    assert f"{out} has damaged parts, recomputed in this run" in err
+    assert f"tile 0_1 (chunk file {flipped}) cannot be decoded" in err
+    assert f"tile 2_3 (chunk file {out / 'gram' / 'c' / '2' / '3'}) is missing" in err
+    assert "row_norms cannot be read" in err
+    assert "computed 2 tiles, skipped 8" in printed and "3 damaged part(s) recomputed" in printed
+    again = GramStore.open(out)
+    assert len(again.last_run["repaired"]) == 3
+    assert np.array_equal(again.to_numpy(), G) and np.array_equal(again.sq_norms(), sq)
+    after = again.finished_tiles()
+    assert {k for k in before if after[k]["attempt"] != before[k]["attempt"]} == {"0_1", "2_3"}
+
+    # Values replaced by valid chunks of other values: caught by the recorded hash.
+    other = _store(tmp_path / "st2", {"a": 20, "b": 12}, 15, chunk_rows=8, seed=5)
+    assert other
+    compute_gram(tmp_path / "st2", "s", tmp_path / "g2", tile_rows=8, progress=False)
+    (out / "gram" / "c" / "1" / "1").write_bytes((tmp_path / "g2/gram/c/1/1").read_bytes())
+    assert args.func(args) == 0
+    printed, err = capsys.readouterr()
+    assert "tile 1_1" in err and "holds other values than its task wrote" in err
+    assert np.array_equal(GramStore.open(out).to_numpy(), G)
+    assert args.func(args) == 0  # intact: verified, nothing recomputed
+    printed, err = capsys.readouterr()
+    assert "damaged" not in err and "computed 0 tiles, skipped 10" in printed
+    _close(G, _numpy_gram(data, "l2"))
+
+    job = json.loads((out / "job.json").read_text())
+    (out / "job.json").write_text(json.dumps({**job, "devices": ["a", "../../x"]}))
+    with pytest.raises(ValueError, match=r"job.json is damaged or crafted: device name '\.\./"):
+        GramStore.open(out)
+
+
+def _session_processes(pid: int) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """The Ray processes a command started, and its watchdog (its other child)."""
+    kids = psutil.Process(pid).children(recursive=True)
+    watchdog = [p for p in kids if any("ray_watchdog.py" in a for a in p.cmdline())]
+    return [p for p in kids if p not in watchdog], watchdog
+
+
+@pytest.mark.ray
+def test_killed_gram_command_leaves_no_ray_process(ray_local, tmp_path):
+    """SIGKILL of `mmdtl2 gram` while its local Ray computes: its Ray processes stop at once.
+
+    `study run` starts its local Ray through the same function (`_ensure_ray`). The
+    Ray of this test session (``ray_local``) must survive: it is not the command's.
+    """
+    _store(tmp_path / "st", {"a": 400, "b": 200}, 64, chunk_rows=16)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "mmdtl2_dist.cli", "gram", str(tmp_path / "st")]
+    cmd += ["--num-cpus", "1", "-q"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "g"), "--tile-rows", "8"],
+        env=env,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    ours = ray_local._private.worker._global_node.all_processes["raylet"][0].process.pid
+    ours = [psutil.Process(ours), *psutil.Process(ours).children(recursive=True)]
+    ray_procs, watchdog = [], []
+    try:
+        deadline = time.monotonic() + 240
+        tiles = tmp_path / "g" / "tiles"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if tiles.exists() and len(list(tiles.glob("*.json"))) >= 3:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        ray_procs, watchdog = _session_processes(proc.pid)
+        titles = " ".join(" ".join(p.cmdline()) for p in ray_procs)
+        assert "raylet" in titles and "ray::DashboardAgent" in titles
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs(ray_procs, timeout=15)
+        assert not alive, [(p.pid, p.cmdline()) for p in alive]
+        assert len(watchdog) == 1 and not psutil.wait_procs(watchdog, timeout=10)[1]
+        err = proc.stderr.read().decode()
+        assert f"mmdtl2: process {proc.pid}, which started the local Ray session" in err
+        assert "has exited; stopped the" in err and "ray::DashboardAgent" in err
+        assert all(p.is_running() for p in ours)  # another Ray is left alone
+
+        # A command that ends normally: its watchdog leaves with it, silently.
+        done = subprocess.run(
+            [*cmd, "--out", str(tmp_path / "g2"), "--tile-rows", "200"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0 and "stopped the" not in done.stderr, done.stderr[-2000:]
+    finally:
+        for p in ray_procs + watchdog:  # only this test's session, by pid and start time
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -180,3 +180,61 @@ def test_open_errors(tmp_path, data):
     with pytest.raises(ValueError, match=r"rows must lie in \[0, 20\)"):
         fs.read("b", "s", [25])
     assert isinstance(fs.metadata, pd.DataFrame)
+
+
+def _craft(path, edit_entries=None, edit_table=None):
+    """Rewrite a written store's array list and/or metadata table in place."""
+    import zarr
+
+    from mmdtl2_dist.store.layout import METADATA_FILE, ROOT_ATTR
+
+    root = zarr.open_group(str(path), mode="r+")
+    attrs = dict(root.attrs[ROOT_ATTR])
+    if edit_entries:
+        attrs["arrays"] = [dict(a) for a in attrs["arrays"]]
+        edit_entries(attrs["arrays"])
+        root.attrs[ROOT_ATTR] = attrs
+    if edit_table:
+        table = pd.read_parquet(path / METADATA_FILE)
+        edit_table(table).to_parquet(path / METADATA_FILE, index=False)
+
+
+def test_crafted_store_is_refused_on_open(tmp_path, data):
+    """Names, paths, shapes, dtypes and row counts read from a store are checked on open."""
+    import shutil
+
+    secret = np.full((20, 30), 7.0, np.float32)  # an array outside the store
+    _write(tmp_path / "outside", {("x", "s"): (secret, None)})
+    _write(tmp_path / "st", data)
+
+    def rename_b(entries):
+        next(a for a in entries if a["device"] == "b")["device"] = "../../outside/features/x"
+
+    def rename_table(table):
+        table.loc[table["device"] == "b", "device"] = "../../outside/features/x"
+        return table
+
+    cases = {
+        "traversal": (rename_b, rename_table, r"device name '\.\./\.\./outside"),
+        "shape": (lambda e: e[0].update(n_rows=40), None, r"a/s has shape \(50, 30\)"),
+        "dtype": (lambda e: e[0].update(dtype="int64"), None, "holds float32"),
+        "rows": (None, lambda t: t.iloc[1:], "49 rows for a/s"),
+        "extra": (
+            None,
+            lambda t: pd.concat([t, t.head(1).assign(device="z")]),
+            r"arrays the store lacks: \[\('z', 's'\)\]",
+        ),
+    }
+    for name, (entries, table, message) in cases.items():
+        shutil.copytree(tmp_path / "st", tmp_path / name)
+        _craft(tmp_path / name, entries, table)
+        with pytest.raises(ValueError, match="not a valid feature store.*" + message):
+            FeatureStore.open(tmp_path / name)
+
+    # An array directory swapped for a link to data outside the store.
+    shutil.copytree(tmp_path / "st", tmp_path / "link")
+    shutil.rmtree(tmp_path / "link" / "features" / "b" / "s")
+    (tmp_path / "link" / "features" / "b" / "s").symlink_to(tmp_path / "outside/features/x/s")
+    with pytest.raises(ValueError, match="b/s resolves outside the store"):
+        FeatureStore.open(tmp_path / "link")
+    assert FeatureStore.open(tmp_path / "st").devices == ["a", "b"]

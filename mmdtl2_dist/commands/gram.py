@@ -41,9 +41,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         run_info = gs.last_run or {}
+        repaired = run_info.get("repaired") or []
         print(
             f"{gs}\ncomputed {run_info.get('computed', 0)} tiles, skipped "
             f"{run_info.get('skipped', 0)}, {run_info.get('seconds', 0.0):.1f} s"
+            + (f"; {len(repaired)} damaged part(s) recomputed" if repaired else "")
         )
     return 0
 
@@ -55,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Compute the float64 Gram of one feature space over all samples of every device "
             "in it (devices in sorted order), out of core, in Ray tasks. Re-running the "
-            "command on a partial output resumes it and skips finished tiles."
+            "command on a partial output resumes it and skips finished tiles; finished "
+            "tiles are first verified, and damaged ones are named and recomputed."
         ),
         epilog="examples:\n  mmdtl2 gram study.zarr --space conv3 --out grams/conv3\n"
         "  mmdtl2 gram study.zarr --space conv3 --out grams/conv3 --address auto",

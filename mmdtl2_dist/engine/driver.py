@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,17 +151,76 @@ def _ensure_ray(address: str | None, num_cpus: int | None):
         }
     }
     if address is None:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            runtime_env=env,
-        )
+        watchdog = _start_watchdog(ray)
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                runtime_env=env,
+            )
+        except BaseException:
+            _dismiss_watchdog()  # it stops whatever the failed start left running
+            raise
+        _announce_session(watchdog)
     else:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     return ray, True
+
+
+_WATCHDOG_SCRIPT = Path(__file__).with_name("ray_watchdog.py")
+_watchdog: subprocess.Popen | None = None
+
+
+def _start_watchdog(ray) -> subprocess.Popen | None:
+    """Start the process that stops this local Ray's processes if this process dies.
+
+    See :mod:`mmdtl2_dist.engine.ray_watchdog`. It runs in a session of its own and is
+    dismissed (its input closed) when the next local Ray starts or this process exits.
+    Returns None (and Ray starts unguarded) if it cannot start.
+    """
+    global _watchdog
+    _dismiss_watchdog()  # the previous local Ray, if any, has been shut down
+    cmd = [sys.executable, "-I", str(_WATCHDOG_SCRIPT), str(os.getpid())]
+    proc = subprocess.Popen(
+        [*cmd, str(Path(ray.__file__).parent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    # Wait until it knows this process's existing children: Ray's must come after.
+    ready, _, _ = select.select([proc.stdout], [], [], 30.0)
+    if not ready or proc.stdout.readline().strip() != b"ready":
+        proc.kill()
+        proc.wait()
+        return None
+    proc.stdout.close()
+    _watchdog = proc
+    return proc
+
+
+def _dismiss_watchdog() -> None:
+    """Close the watchdog's input: it stops what is left of its session and exits."""
+    global _watchdog
+    if _watchdog is not None:
+        _watchdog.stdin.close()
+        _watchdog = None
+
+
+def _announce_session(watchdog: subprocess.Popen | None) -> None:
+    """Tell the watchdog the Ray session directory (it finds the session's orphans)."""
+    if watchdog is None:
+        return
+    try:
+        import ray._private.worker as ray_worker
+
+        session_dir = ray_worker._global_node.get_session_dir_path()
+        watchdog.stdin.write(f"session {session_dir}\n".encode())
+        watchdog.stdin.flush()
+    except (AttributeError, OSError):
+        pass  # a Ray without this private API: the watchdog still tracks the processes
 
 
 def _run_tasks(ray, submits: list, on_done, max_in_flight: int | None = None) -> list:
@@ -294,8 +355,10 @@ def compute_gram(
     space : str
         Feature space.
     out_path : str or Path
-        Gram store to create (a missing path or an empty directory), or one to resume
-        (finished tiles are skipped); anything else there is refused.
+        Gram store to create (a missing path or an empty directory), or one to resume or
+        re-check: finished tiles are verified (checksums and the hash recorded when
+        written) and skipped, damaged ones are recomputed and named on stderr and in
+        ``last_run["repaired"]``. Anything else at the path is refused.
     preprocessing : {"none", "l2", "zscore", "l2_zscore"}
         Applied per device with statistics over all that device's samples
         (:mod:`mmdtl2_dist.core.preprocessing`); the statistics are stored.
@@ -357,11 +420,15 @@ def compute_gram(
         job = _check_resumable(out, job)
     else:
         _create_skeleton(out, job, fs)
-    if job.get("complete"):
-        return GramStore.open(out)
-
     t_start = time.monotonic()
     tiles = gram_tile_plan(job["n_rows"], job["tile_rows"])
+    repaired = _forget_damaged(out, job, tiles, progress) if stored else []
+    if job.get("complete"):
+        gs = GramStore.open(out)
+        gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
+        gs.last_run["seconds"] = time.monotonic() - t_start
+        return gs
+
     ray, owned = _ensure_ray(address, num_cpus)
     try:
         mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
@@ -410,10 +477,89 @@ def compute_gram(
         "computed": len(todo),
         "skipped": len(tiles) - len(todo),
         "seconds": time.monotonic() - t_start,
+        "repaired": repaired,
         **summary,
     }
     tasks.write_json_atomic(out / JOB_FILE, job)
     return GramStore.open(out)
+
+
+def _forget_damaged(out: Path, job: dict, tiles, progress: bool) -> list[str]:
+    """Check what earlier runs stored and forget its damaged parts, so this run redoes them.
+
+    Every finished tile's chunk is decoded (which checks its CRC32C) and hashed against
+    the hash its task recorded in the marker: a chunk that fails, is missing, or holds
+    other values loses its marker and is recomputed. Damaged statistics are recomputed
+    too (same bits: their sums have a fixed order) and a damaged diagonal is rewritten.
+
+    Returns
+    -------
+    list of str
+        What was damaged (also printed to stderr); empty if everything is intact.
+    """
+    gram = zarr.open_array(str(out / "gram"), mode="r")
+    markers = GramStore.open(out).finished_tiles()
+    if progress and markers:
+        print(f"gram {job['space']}: verifying {len(markers)} finished tiles", file=sys.stderr)
+    found = []
+    for tile in tiles:
+        why = tile.key in markers and _tile_damage(gram, tile, markers[tile.key])
+        if why:
+            (out / TILES_DIR / f"{tile.key}.json").unlink()
+            chunk_file = out / "gram" / "c" / str(tile.i) / str(tile.j)
+            found.append(f"tile {tile.key} (chunk file {chunk_file}) {why}")
+    bad_stats = [
+        f"{name} {why}"
+        for name in _stats_arrays(job)
+        if job["stats_done"] and (why := _array_damage(out / name))
+    ]
+    if bad_stats:
+        job["stats_done"] = False
+    sq_why = job.get("complete") and _array_damage(out / "sq_norms")
+    damaged = found + bad_stats + ([f"sq_norms {sq_why}"] if sq_why else [])
+    if damaged:
+        job["complete"] = False
+        tasks.write_json_atomic(out / JOB_FILE, job)
+        print(
+            f"gram {job['space']}: {out} has damaged parts, recomputed in this run: "
+            + "; ".join(damaged),
+            file=sys.stderr,
+            flush=True,
+        )
+    return damaged
+
+
+def _tile_damage(gram: zarr.Array, tile, marker: dict) -> str | None:
+    """Why a finished tile's stored chunk is not what its task wrote (None if it is)."""
+    try:
+        block = gram[tile.a0 : tile.a1, tile.b0 : tile.b1]
+    except Exception as exc:  # noqa: BLE001 - any decode failure (checksum, truncation)
+        return f"cannot be decoded ({type(exc).__name__}: {exc})"
+    if tasks.tile_digest(block) == marker.get("blake2b"):
+        return None
+    if np.isnan(block).all():
+        return "is missing"
+    return "holds other values than its task wrote (hash recorded in its marker)"
+
+
+def _stats_arrays(job: dict) -> list[str]:
+    """The statistics arrays a Gram store holds for its preprocessing."""
+    method = job["preprocessing"]
+    names = ["row_norms"] if method in tasks.L2_METHODS else []
+    if method in tasks.ZSCORE_METHODS:
+        names += [f"stats/{dev}/{part}" for dev in job["devices"] for part in ("mean", "scale")]
+    return names
+
+
+def _array_damage(path: Path) -> str | None:
+    """Why a small stored array cannot be used (None if it reads back whole)."""
+    try:
+        values = zarr.open_array(str(path), mode="r")[:]
+    except Exception as exc:  # noqa: BLE001 - missing metadata or a failed decode
+        return f"cannot be read ({type(exc).__name__}: {exc})"
+    if values.size and np.isnan(values).all():
+        return "is missing"
+    return None
 
 
 def _finish(out: Path, job: dict, tiles) -> None:

@@ -32,6 +32,7 @@ import zarr
 from mmdtl2_dist.core.kernels import KernelSpec, kernel_from_gram
 from mmdtl2_dist.core.preprocessing import PreprocessStats
 from mmdtl2_dist.store.feature_store import CorruptChunkError, read_array_block
+from mmdtl2_dist.store.layout import check_name
 
 GRAM_FORMAT = 1
 JOB_FILE = "job.json"
@@ -73,6 +74,11 @@ class GramStore:
             raise ValueError(
                 f"{path}: Gram store format {job.get('format')}, expected {GRAM_FORMAT}."
             )
+        try:  # device names become paths of the statistics arrays
+            for device in job.get("devices", []):
+                check_name("device", device)
+        except ValueError as exc:
+            raise ValueError(f"{path / JOB_FILE} is damaged or crafted: {exc}") from None
         index = pd.read_parquet(path / INDEX_FILE)
         return cls(path, job, index, cache_mb)
 

@@ -110,7 +110,7 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms, probe: dict | None = Non
         "tile": tile.key,
         "rows_a": [tile.a0, tile.a1],
         "rows_b": [tile.b0, tile.b1],
-        "blake2b": hashlib.blake2b(G.tobytes(), digest_size=16).hexdigest(),
+        "blake2b": tile_digest(G),
         "attempt": uuid.uuid4().hex,
         "pid": os.getpid(),
         "seconds": time.perf_counter() - t0,
@@ -118,6 +118,11 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms, probe: dict | None = Non
     }
     write_json_atomic(Path(job["tiles_dir"]) / f"{tile.key}.json", marker)
     return marker
+
+
+def tile_digest(G: np.ndarray) -> str:
+    """Hash of a tile's values, recorded in its marker to verify its chunk later."""
+    return hashlib.blake2b(np.ascontiguousarray(G).tobytes(), digest_size=16).hexdigest()
 
 
 def write_json_atomic(path: Path, content: dict) -> None:

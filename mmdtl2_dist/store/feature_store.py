@@ -466,6 +466,85 @@ def _fingerprint(hashes: list[tuple], metadata: pd.DataFrame) -> str:
     return h.hexdigest()
 
 
+def _damaged(path: Path, problem: str) -> ValueError:
+    return ValueError(
+        f"{path} is not a valid feature store: {problem}. It was not written by `mmdtl2 "
+        "ingest` / `mmdtl2 synth` or was modified since; re-create it with `mmdtl2 ingest`."
+    )
+
+
+def _checked_array_entries(path: Path, entries) -> list[dict]:
+    """The store's list of arrays, each checked against the array really on disk.
+
+    Device and space names become path components, so they obey the rule applied when
+    writing (:func:`~mmdtl2_dist.store.layout.check_name`) and every array must resolve
+    inside the store; the recorded shape and dtype must be the array's own.
+    """
+    if not isinstance(entries, list) or not entries:
+        raise _damaged(path, f"its attribute {ROOT_ATTR!r} lists no arrays")
+    root = path.resolve()
+    seen = set()
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise _damaged(path, f"array entry {k} is {entry!r}, not a mapping")
+        try:
+            device = check_name("device", entry.get("device"))
+            space = check_name("space", entry.get("space"))
+        except ValueError as exc:
+            raise _damaged(path, f"array entry {k}: {exc}") from None
+        if (device, space) in seen:
+            raise _damaged(path, f"{device}/{space} is listed twice")
+        seen.add((device, space))
+        where = path / array_key(device, space)
+        if not where.resolve().is_relative_to(root):
+            raise _damaged(path, f"array {device}/{space} resolves outside the store")
+        _check_array_entry(path, entry, where)
+    return entries
+
+
+def _check_array_entry(path: Path, entry: dict, where: Path) -> None:
+    name = f"{entry['device']}/{entry['space']}"
+    try:
+        arr = zarr.open_array(str(where), mode="r")
+    except Exception as exc:  # noqa: BLE001 - any failure to open is a damaged store
+        raise _damaged(path, f"array {name} cannot be opened ({exc})") from None
+    dims = (entry.get("n_rows"), entry.get("n_features"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in dims):
+        raise _damaged(path, f"array {name} has shape {dims}")
+    if arr.shape != dims:
+        raise _damaged(path, f"array {name} has shape {arr.shape}, its entry says {dims}")
+    if entry.get("dtype") not in ("float32", "float64") or str(arr.dtype) != entry["dtype"]:
+        raise _damaged(
+            path, f"array {name} holds {arr.dtype}, its entry says {entry.get('dtype')!r}"
+        )
+
+
+def _checked_metadata(path: Path, arrays: list[dict]) -> pd.DataFrame:
+    """The metadata table, checked to hold rows 0..n-1 of every listed array."""
+    try:
+        table = pd.read_parquet(path / METADATA_FILE)
+    except Exception as exc:  # noqa: BLE001 - a missing or unreadable table
+        raise _damaged(path, f"{METADATA_FILE} cannot be read ({exc})") from None
+    missing = [c for c in METADATA_COLUMNS if c not in table.columns]
+    if missing:
+        raise _damaged(path, f"{METADATA_FILE} lacks the column(s) {missing}")
+    table = table[list(METADATA_COLUMNS)]
+    rows = {key: grp["row"].to_numpy() for key, grp in table.groupby(["device", "space"])}
+    listed = {(a["device"], a["space"]): a["n_rows"] for a in arrays}
+    extra = sorted(set(rows) - set(listed), key=str)
+    if extra:
+        raise _damaged(path, f"{METADATA_FILE} describes arrays the store lacks: {extra[:5]}")
+    for (device, space), n in listed.items():
+        got = rows.get((device, space), np.empty(0, np.int64))
+        if not np.array_equal(np.sort(got), np.arange(n)):
+            raise _damaged(
+                path,
+                f"{METADATA_FILE} has {got.size} rows for {device}/{space}, which has {n} "
+                "samples (rows 0..n-1, each once)",
+            )
+    return table
+
+
 class FeatureStore:
     """Read access to a feature store (see :mod:`mmdtl2_dist.store.layout`).
 
@@ -488,7 +567,9 @@ class FeatureStore:
         FileNotFoundError
             If ``path`` does not exist.
         ValueError
-            If ``path`` is not a complete feature store.
+            If ``path`` is not a complete feature store, or what it records disagrees
+            with what it holds: a device or space name that is not allowed, an array
+            outside the store, a shape, dtype or metadata row count that differs.
         """
         path = Path(path).absolute()
         if not path.exists():
@@ -504,8 +585,9 @@ class FeatureStore:
                 f"{path} is not a feature store of format {FORMAT_VERSION} (attribute "
                 f"{ROOT_ATTR!r} missing or of another version)."
             )
-        metadata = pd.read_parquet(path / METADATA_FILE)
-        return cls(path, attrs, metadata[list(METADATA_COLUMNS)])
+        arrays = _checked_array_entries(path, attrs.get("arrays"))
+        metadata = _checked_metadata(path, arrays)
+        return cls(path, attrs, metadata)
 
     @property
     def fingerprint(self) -> str:
