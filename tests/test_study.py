@@ -416,13 +416,15 @@ def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
     done = n_done()
     assert done < 10, "the study finished before it could be interrupted"
     assert rc == 130, err[-3000:]
-    assert f"study stopped by SIGINT with {done} of 10 trials done" in err, err[-3000:]
+    assert f"mmdtl2 study run: stopped by SIGINT with {done} of 10 trials done" in err, err[-3000:]
     assert f"Continue it with:\n    mmdtl2 study resume {part} --num-cpus 2\n" in err
     assert not (part / "report").exists()  # no report that could pass for the study's
     rc, err = stop_after(["resume", str(part), "--num-cpus", "2"], done + 1, signal.SIGTERM, False)
     assert n_done() < 10, "the study finished before it could be stopped"
     assert rc == 143, err[-3000:]
-    assert f"study stopped by SIGTERM with {n_done()} of 10 trials done" in err, err[-3000:]
+    assert f"mmdtl2 study resume: stopped by SIGTERM with {n_done()} of 10 trials done" in err, err[
+        -3000:
+    ]
     res = run("resume", str(part), "--num-cpus", "2")
     assert res.returncode == 0, res.stderr[-2000:]
     pd.testing.assert_frame_equal(_table(part), _table(tmp_path / "full"))

@@ -89,12 +89,15 @@ def _run_or_resume(args, run) -> int:
     try:
         rep = run()
     except StudyInterrupted as exc:
-        print(
-            f"mmdtl2 study: {exc}.\nContinue it with:\n    {_resume_command(exc.output, args)}"
-            f"\n(`mmdtl2 study report {shlex.quote(str(exc.output))}` writes a report of the "
-            "finished trials.)",
-            file=sys.stderr,
+        where = f"mmdtl2 study {args.study_command}"
+        report = shlex.join(["mmdtl2", "study", "report", str(exc.output)])
+        hint = (
+            f"Continue it with:\n    {_resume_command(exc.output, args)}\n"
+            f"(`{report}` writes a report of the finished trials.)"
+            if exc.resumable
+            else "It stopped before it began; run the same command again."
         )
+        print(f"{where}: {exc}.\n{hint}", file=sys.stderr)
         return exc.exit_code
     _print_result(rep)
     return 0

@@ -414,13 +414,18 @@ class StudyInterrupted(KeyboardInterrupt):
         self.total = len(trials)
         self.done = self.total - len(_missing(spec, trials))
         super().__init__(
-            f"study stopped by {signal.Signals(self.signum).name} with {self.done} of "
+            f"stopped by {signal.Signals(self.signum).name} with {self.done} of "
             f"{self.total} trials done (kept in {self.output / 'results'})"
         )
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+    @property
+    def resumable(self) -> bool:
+        """Whether ``study resume`` can continue it (the stop came after the data check)."""
+        return (self.output / STATE_FILE).exists()
 
 
 def _reclaim_signals() -> None:
