@@ -51,7 +51,7 @@ def feature_kernel_cost(out: Path, n_units: int = 6, seed: int = 0) -> dict:
     from mmdtl2_dist.study.splits import labelled_subset
     from mmdtl2_dist.study.trial import load_plan
 
-    plan = load_plan(str(out / "plan.pkl"))
+    plan = load_plan(str(out / "plan.json"))
     pair = plan.pairs[0]
     fs = FeatureStore.open(pair.store)
     rng = np.random.default_rng(seed)

@@ -20,12 +20,12 @@ from mmdtl2_dist.study.runner import build_plan, report_study, resume_study, run
 from mmdtl2_dist.study.spec import SpecError, load_spec, parse_spec
 
 
-def make_store(path, n=(60, 45), dim=20, seed=0, shift=1.0):
+def make_store(path, n=(60, 45), dim=20, seed=0, shift=1.0, classes=(3, 3)):
     rng = np.random.default_rng(seed)
     mu = rng.normal(size=(3, dim)) * 0.8
     with StoreWriter(path, overwrite=True) as w:
-        for d, (dev, m) in enumerate(zip(("cam_a", "cam_b"), n, strict=True)):
-            y = np.arange(m) % 3 + 1
+        for d, (dev, m, k) in enumerate(zip(("cam_a", "cam_b"), n, classes, strict=True)):
+            y = np.arange(m) % k + 1
             X = mu[y - 1] + rng.normal(size=(m, dim)) + d * shift * rng.normal(size=dim)
             a = w.create_array(dev, "f", m, dim, dtype=np.float64)
             a.append(X)
@@ -351,7 +351,8 @@ def test_cpu_accounting_splits_capacity():
 @pytest.mark.ray
 @pytest.mark.mlflow
 def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
-    """`mmdtl2 study run` interrupted (Ctrl-C) mid-way, then `study resume`: the same
+    """`mmdtl2 study run` interrupted (Ctrl-C) mid-way exits 130 and says how to resume;
+    `study resume` stopped by SIGTERM exits 143; a last `study resume` gives the same
     report as an uninterrupted run and one MLflow run per trial."""
     import os
     import signal
@@ -383,30 +384,47 @@ def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
     assert "| n_per_class | targetSVM | sourceSVM | MMDTL2 CV | CORAL | SA |" in full.stdout
 
     part = tmp_path / "part"
-    proc = subprocess.Popen(
-        cli + ["run", str(spec), "--output", str(part), "--num-cpus", "2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+
+    def n_done():
+        return len(list((part / "results").glob("*.json"))) if (part / "results").exists() else 0
+
+    def stop_after(args, n, sig, group):
+        """Start `mmdtl2 study ARGS`, send `sig` once `n` trials are done; rc and stderr."""
+        with open(tmp_path / "stderr.txt", "w+") as err:
+            proc = subprocess.Popen(
+                cli + args, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+            )
+            deadline = time.time() + 240
+            while time.time() < deadline and n_done() < n and proc.poll() is None:
+                time.sleep(0.2)
+            # Ctrl-C in a terminal reaches the whole process group; `kill` reaches one.
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            err.seek(0)
+            return proc.returncode, err.read()
+
+    rc, err = stop_after(
+        ["run", str(spec), "--output", str(part), "--num-cpus", "2"], 2, signal.SIGINT, True
     )
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        if (
-            len(list((part / "results").glob("*.json"))) >= 2
-            if (part / "results").exists()
-            else False
-        ):
-            break
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    n_done = len(list((part / "results").glob("*.json")))
-    assert n_done < 10, "the study finished before it could be interrupted"
+    done = n_done()
+    assert done < 10, "the study finished before it could be interrupted"
+    assert rc == 130, err[-3000:]
+    assert f"mmdtl2 study run: stopped by SIGINT with {done} of 10 trials done" in err, err[-3000:]
+    assert f"Continue it with:\n    mmdtl2 study resume {part} --num-cpus 2\n" in err
+    assert not (part / "report").exists()  # no report that could pass for the study's
+    rc, err = stop_after(["resume", str(part), "--num-cpus", "2"], done + 1, signal.SIGTERM, False)
+    assert n_done() < 10, "the study finished before it could be stopped"
+    assert rc == 143, err[-3000:]
+    assert f"mmdtl2 study resume: stopped by SIGTERM with {n_done()} of 10 trials done" in err, err[
+        -3000:
+    ]
     res = run("resume", str(part), "--num-cpus", "2")
     assert res.returncode == 0, res.stderr[-2000:]
     pd.testing.assert_frame_equal(_table(part), _table(tmp_path / "full"))
@@ -416,3 +434,313 @@ def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
         r.data.tags["mmdtl2_trial_key"] for r in runs if r.data.tags.get("mmdtl2_role") == "trial"
     ]
     assert len(keys) == len(set(keys)) == 10
+
+
+# -- the plan is data, and nothing in a study folder is unpickled ------------------------
+
+
+class _Marker:
+    """Unpickling this object creates the file ``path``: proof that code ran."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _crafted_pickle(path, marker):
+    import pickle
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(_Marker(marker)))
+
+
+def _tiny_plan():
+    from mmdtl2_dist.study.plan import PairPlan, StudyPlan
+    from mmdtl2_dist.study.splits import draw_splits
+
+    ys, yt = np.arange(12) % 3 + 1, np.arange(9) % 3 + 1
+    pairs = []
+    for i, shared in enumerate((True, False)):
+        splits = draw_splits(ys, yt, n_splits=2, seed=i, pair=("a", "b"))
+        pairs.append(
+            PairPlan(
+                name=f"a->b{i}",
+                source="a",
+                target=f"b{i}",
+                source_gram="/g/src",
+                target_gram="/g/src" if shared else "/g/tgt",
+                shared=shared,
+                source_rows=np.arange(12) + 9,
+                target_rows=np.arange(9),
+                target_rows_in_source=np.arange(9) if shared else None,
+                y_source=ys,
+                y_target=yt,
+                splits=splits,
+                store="/s.zarr",
+                source_space="f",
+                target_space="f" if shared else "g",
+            )
+        )
+    return StudyPlan("spec", "data", 7, pairs)
+
+
+def _rewrite_arrays(path, **change):
+    """Replace arrays of a saved plan and fix the digest (a consistent, crafted plan)."""
+    import hashlib
+    import io
+
+    from mmdtl2_dist.study.plan import arrays_path
+
+    with np.load(arrays_path(path), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays.update(change)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    arrays_path(path).write_bytes(buf.getvalue())
+    doc = json.loads(path.read_text())
+    doc["arrays_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    path.write_text(json.dumps(doc))
+
+
+def test_plan_round_trips_as_json_and_npz(tmp_path):
+    from mmdtl2_dist.study.plan import load_plan, save_plan
+
+    plan = _tiny_plan()
+    save_plan(plan, tmp_path / "plan.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "plan.npz"]
+    back = load_plan(tmp_path / "plan.json")
+    assert (back.spec_fingerprint, back.data_fingerprint, back.seed) == ("spec", "data", 7)
+    for a, b in zip(plan.pairs, back.pairs, strict=True):
+        assert (a.name, a.shared, a.source_gram, a.target_gram, a.store, a.target_space) == (
+            b.name,
+            b.shared,
+            b.source_gram,
+            b.target_gram,
+            b.store,
+            b.target_space,
+        )
+        for f in ("source_rows", "target_rows", "y_source", "y_target"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+        assert (b.target_rows_in_source is None) == (not a.shared)
+        for sa, sb in zip(a.splits, b.splits, strict=True):
+            assert sa.index == sb.index
+            for f in ("source_train", "target_pool", "target_test", "target_order"):
+                np.testing.assert_array_equal(getattr(sa, f), getattr(sb, f))
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda p: p.write_text("{"), "not valid JSON"),
+        (lambda p: p.write_text('{"format": "other"}'), "not a 'mmdtl2-study-plan' file"),
+        (
+            lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "version": 99})),
+            "format version 99, this code reads 1",
+        ),
+        (lambda p: p.unlink(), "does not exist"),
+        (lambda p: p.with_suffix(".npz").write_bytes(b"PK\x03\x04junk"), "does not match"),
+        (
+            lambda p: _rewrite_arrays(p, **{"pair0.split1.target_test": np.array([3, 99])}),
+            r"'pair0.split1.target_test' holds values outside \[0, 9\)",
+        ),
+        (
+            lambda p: _rewrite_arrays(p, **{"pair1.y_source": np.zeros(12)}),
+            "'pair1.y_source' must be a 1-D integer vector, got float64",
+        ),
+        (
+            lambda p: _rewrite_arrays(p, **{"pair0.split0.target_order": np.arange(2)}),
+            "is not an order of pair0.split0.target_pool",
+        ),
+        (
+            lambda p: p.write_text(
+                json.dumps(
+                    {
+                        **json.loads(p.read_text()),
+                        "pairs": [{**json.loads(p.read_text())["pairs"][0], "store": 3}],
+                    }
+                )
+            ),
+            "pair 0: 'store' must be a str, got 3",
+        ),
+    ],
+)
+def test_malformed_plan_gives_a_clear_error(tmp_path, damage, match):
+    from mmdtl2_dist.study.plan import PlanError, load_plan, save_plan
+
+    path = tmp_path / "study" / "plan.json"
+    path.parent.mkdir()
+    save_plan(_tiny_plan(), path)
+    damage(path)
+    with pytest.raises(PlanError, match=match) as err:
+        load_plan(path)
+    assert f"delete plan.json and plan.npz and run `mmdtl2 study resume {path.parent}`" in str(
+        err.value
+    )
+
+
+def test_plan_arrays_with_a_pickle_inside_are_refused_unexecuted(tmp_path):
+    """An object array in plan.npz is a pickle: it is refused, never loaded."""
+    from mmdtl2_dist.study.plan import PlanError, load_plan, save_plan
+
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "plan.json"
+    save_plan(_tiny_plan(), path)
+    evil = np.empty(1, dtype=object)
+    evil[0] = _Marker(marker)
+    _rewrite_arrays(path, **{"pair0.y_source": evil})  # np.savez pickles object arrays
+    with pytest.raises(PlanError, match="not a pickle-free npz"):
+        load_plan(path)
+    assert not marker.exists()
+
+
+TINY = """
+[study]
+name = "tiny2"
+seed = 3
+[data]
+store = "store.zarr"
+space = "f"
+pairs = [["cam_a", "cam_b"]]
+[splits]
+n_splits = 2
+samples_per_class = [1, 3]
+[[methods]]
+method = "target_svm"
+[[methods]]
+method = "source_svm"
+"""
+
+
+@pytest.mark.ray
+def test_resume_unpickles_nothing_from_the_study_folder(tmp_path, ray_local):
+    """Crafted pickles where the study, Tune and a trial would find them are never run;
+    resume still completes, and a damaged plan file stops it with a clear error."""
+    from mmdtl2_dist.study.plan import PlanError
+
+    make_store(tmp_path / "store.zarr")
+    (tmp_path / "spec.toml").write_text(TINY)
+    out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = load_spec(tmp_path / "spec.toml", output=out)
+    run_study(spec, tracking_uri=uri, progress=False, max_trials=1)
+    assert (out / "plan.json").exists() and (out / "tune").is_dir()
+    markers = []
+    crafted = [out / "plan.pkl", out / "tune" / "tuner.pkl", out / "results" / "x.pkl"]
+    crafted += [d / "error.pkl" for d in (out / "tune").glob("trial_*")]
+    for i, path in enumerate(crafted):
+        markers.append(tmp_path / f"PWNED_{i}")
+        _crafted_pickle(path, markers[-1])
+
+    resume_study(out, tracking_uri=uri, progress=False)
+    assert [m.name for m in markers if m.exists()] == []
+    assert len(list((out / "results").glob("*.json"))) == len(spec.trials()) == 4
+
+    (out / "plan.json").write_text("{")
+    with pytest.raises(PlanError, match=r"plan\.json is unusable: not valid JSON"):
+        resume_study(out, tracking_uri=uri, progress=False)
+    assert [m.name for m in markers if m.exists()] == []
+
+
+# -- the spec is checked against the store's metadata before any compute ----------------
+
+
+def _spec_for(tmp_path, store_kw=None, replace=(), protocol="half"):
+    make_store(tmp_path / "store.zarr", **(store_kw or {}))
+    text = SPEC.format(protocol=protocol)
+    for old, new in replace:
+        assert old in text
+        text = text.replace(old, new)
+    p = tmp_path / "spec.toml"
+    p.write_text(text)
+    return p
+
+
+BAD_DATA = [
+    pytest.param(
+        {},
+        [("samples_per_class = [1, 3]", "samples_per_class = [1, 30]")],
+        r"cam_a->cam_b: split 0: class 1 has only 8 target training samples but 30 per class",
+        id="samples_per_class",
+    ),
+    pytest.param(
+        {},
+        [('pairs = [["cam_a", "cam_b"]]', 'pairs = [["cam_a", "cam_z"]]')],
+        r"device 'cam_z' has no features in 'f'; devices there: \['cam_a', 'cam_b'\]",
+        id="device",
+    ),
+    pytest.param(
+        {},
+        [('space = "f"', 'space = "g"')],
+        r"the feature store has no space 'g'; it has \['f'\]",
+        id="space",
+    ),
+    pytest.param(
+        {"classes": (3, 2)},
+        [],
+        r"both devices must have the same classes, but classes \[3\] of 'cam_a' have no "
+        r"'cam_b' sample",
+        id="classes",
+    ),
+    pytest.param(
+        {"n": (60, 3)},
+        [("n_splits = 4", "n_splits = 4\ntrain_fraction = 0.6"), ("[1, 3]", "[1]")],
+        r"cam_a->cam_b: split 0 has no target test sample",
+        id="empty_test",
+    ),
+]
+
+
+@pytest.mark.parametrize(("store_kw", "replace", "match"), BAD_DATA)
+def test_validate_checks_the_spec_against_the_store(tmp_path, capsys, store_kw, replace, match):
+    import re
+
+    from mmdtl2_dist.cli import main
+
+    spec = _spec_for(tmp_path, store_kw, replace)
+    assert main(["study", "validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err), err
+    assert not (tmp_path / "mmdtl2-studies").exists()
+
+
+def test_validate_reports_the_checked_data(tmp_path, capsys):
+    from mmdtl2_dist.cli import main
+
+    assert main(["study", "validate", str(_spec_for(tmp_path))]) == 0
+    assert "data: 1 device pair(s) x 4 splits checked against the store" in capsys.readouterr().out
+
+
+def test_validate_checks_bundled_data_without_writing(tmp_path, capsys, monkeypatch):
+    from mmdtl2_dist.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "office.toml").write_text(
+        '[study]\nname = "o"\n[data]\nbuiltin = "office_caltech10"\nspace = "surf800"\n'
+        'pairs = [["amazon", "Webcam"]]\n[splits]\nprotocol = "fixed"\nn_splits = 2\n'
+        'samples_per_class = [3]\n[[methods]]\nmethod = "target_svm"\n'
+    )
+    assert main(["study", "validate", "office.toml"]) == 2
+    assert "device 'Webcam' has no features in 'surf800'" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["office.toml"]
+
+
+@pytest.mark.parametrize(("store_kw", "replace", "match"), BAD_DATA)
+def test_run_fails_on_bad_data_before_ray_starts(
+    tmp_path, capsys, monkeypatch, store_kw, replace, match
+):
+    import re
+
+    from mmdtl2_dist.cli import main
+    from mmdtl2_dist.study import runner
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started before the data were checked")
+
+    monkeypatch.setattr(runner, "_ensure_ray", no_ray)
+    monkeypatch.setattr(runner, "compute_grams", no_ray)
+    spec, out = _spec_for(tmp_path, store_kw, replace), tmp_path / "out"
+    assert main(["study", "run", str(spec), "--output", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err), err
+    assert not out.exists()  # nothing written: the fixed spec can run in the same folder

@@ -17,6 +17,7 @@ Continue an interrupted study, then rebuild its report::
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -68,34 +69,70 @@ def _print_result(rep: dict) -> None:
         )
 
 
+def _resume_command(output: Path, args) -> str:
+    """The ``mmdtl2 study resume`` command that continues this study as it was run."""
+    cmd = ["mmdtl2", "study", "resume", str(output)]
+    for flag, value in (
+        ("--address", args.address),
+        ("--num-cpus", args.num_cpus),
+        ("--tracking-uri", args.tracking_uri),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    return shlex.join(cmd)
+
+
+def _run_or_resume(args, run) -> int:
+    """Run ``run()``; on SIGINT/SIGTERM say how to resume and exit 130/143, as shells do."""
+    from mmdtl2_dist.study.runner import StudyInterrupted
+
+    try:
+        rep = run()
+    except StudyInterrupted as exc:
+        where = f"mmdtl2 study {args.study_command}"
+        report = shlex.join(["mmdtl2", "study", "report", str(exc.output)])
+        hint = (
+            f"Continue it with:\n    {_resume_command(exc.output, args)}\n"
+            f"(`{report}` writes a report of the finished trials.)"
+            if exc.resumable
+            else "It stopped before it began; run the same command again."
+        )
+        print(f"{where}: {exc}.\n{hint}", file=sys.stderr)
+        return exc.exit_code
+    _print_result(rep)
+    return 0
+
+
 def _run(args) -> int:
     from mmdtl2_dist.study.runner import run_study
     from mmdtl2_dist.study.spec import load_spec
 
     spec = load_spec(_spec_path(args.spec), output=args.output)
-    rep = run_study(
-        spec,
-        address=args.address,
-        num_cpus=args.num_cpus,
-        tracking_uri=args.tracking_uri,
-        progress=not args.quiet,
+    return _run_or_resume(
+        args,
+        lambda: run_study(
+            spec,
+            address=args.address,
+            num_cpus=args.num_cpus,
+            tracking_uri=args.tracking_uri,
+            progress=not args.quiet,
+        ),
     )
-    _print_result(rep)
-    return 0
 
 
 def _resume(args) -> int:
     from mmdtl2_dist.study.runner import resume_study
 
-    rep = resume_study(
-        args.folder,
-        address=args.address,
-        num_cpus=args.num_cpus,
-        tracking_uri=args.tracking_uri,
-        progress=not args.quiet,
+    return _run_or_resume(
+        args,
+        lambda: resume_study(
+            args.folder,
+            address=args.address,
+            num_cpus=args.num_cpus,
+            tracking_uri=args.tracking_uri,
+            progress=not args.quiet,
+        ),
     )
-    _print_result(rep)
-    return 0
 
 
 def _report(args) -> int:
@@ -109,13 +146,15 @@ def _report(args) -> int:
 
 
 def _validate(args) -> int:
+    from mmdtl2_dist.study.runner import validate_data
     from mmdtl2_dist.study.spec import load_spec
 
     spec = load_spec(_spec_path(args.spec))
+    data = validate_data(spec)
     print(
         f"{spec.name}: {len(spec.trials())} trials ({len(spec.configs())} method "
         f"configurations x {len(spec.samples_per_class)} sample counts); output "
-        f"{spec.output}"
+        f"{spec.output}\n{data}"
     )
     return 0
 
@@ -138,7 +177,7 @@ def register(subparsers) -> None:
     )
     _common(r)
     r.set_defaults(func=_run)
-    s = sub.add_parser("resume", help="continue an interrupted study (Tuner.restore)")
+    s = sub.add_parser("resume", help="continue an interrupted study (runs the missing trials)")
     s.add_argument("folder", help="the study folder written by `study run`")
     _common(s)
     s.set_defaults(func=_resume)
@@ -147,7 +186,9 @@ def register(subparsers) -> None:
     t.add_argument("--tracking-uri", default=None, help="MLflow tracking URI")
     t.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     t.set_defaults(func=_report)
-    v = sub.add_parser("validate", help="check a study spec and count its trials")
+    v = sub.add_parser(
+        "validate", help="check a study spec against its data (no Ray) and count its trials"
+    )
     v.add_argument("spec", help="study spec file")
     v.set_defaults(func=_validate)
 

@@ -6,27 +6,41 @@
    ``<output>/data``), validates the spec against it;
 2. computes each feature space's Gram **once** with the engine
    (``<output>/grams/<space>__<preprocessing>``; an existing complete Gram is reused);
-3. draws the splits and writes the plan (``<output>/plan.pkl``) — trials only read it;
+3. draws the splits and writes the plan (``<output>/plan.json`` + ``plan.npz``, data
+   only: :mod:`mmdtl2_dist.study.plan`) — trials only read it;
 4. runs every trial (method configuration x samples per class) as a Ray Tune trial
    (experiment ``<output>/tune``); each finished trial is written to
    ``<output>/results/<key>.json`` and logged to MLflow from the driver;
 5. writes the report (``<output>/report``) and logs it to the parent MLflow run.
 
-``resume_study`` restores the Tune experiment (``Tuner.restore``): finished trials are
-kept, unfinished and errored ones run again. Result files and MLflow runs are keyed by
-the trial key, so nothing is lost or duplicated.
+Before step 2 (and before Ray starts), the spec is checked against the store's metadata
+(:func:`check_data`): names of devices and spaces, class sets, and splits that can hold
+the requested labelled samples and a test set; ``mmdtl2 study validate`` runs the same
+check.
+
+``resume_study`` runs the trials that have no result file yet, in a fresh Tune
+experiment: a trial is done when ``<output>/results/<key>.json`` exists, so nothing of
+Ray Tune's own experiment state (``Tuner.restore`` unpickles it) is ever read back.
+Result files and MLflow runs are keyed by the trial key, so nothing is lost or
+duplicated. SIGINT or SIGTERM stops a study cleanly (:class:`StudyInterrupted`): finished
+trials are kept and ``resume`` goes on from there.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from ray.tune import Callback
+from ray.tune.stopper import Stopper
 
 from mmdtl2_dist.store.outputs import OutputKind, claim_output
 from mmdtl2_dist.study.data import (
@@ -36,13 +50,25 @@ from mmdtl2_dist.study.data import (
     read_split_file,
     write_hoffman_split_file,
 )
+from mmdtl2_dist.study.plan import (
+    PLAN_FILE,
+    PairPlan,
+    StudyPlan,
+    load_plan,
+    plan_error,
+    save_plan,
+)
 from mmdtl2_dist.study.report import write_report
 from mmdtl2_dist.study.spec import StudySpec, load_spec, parse_spec
-from mmdtl2_dist.study.splits import check_disjoint, draw_splits, fixed_splits, labelled_subset
-from mmdtl2_dist.study.trial import PairPlan, StudyPlan
+from mmdtl2_dist.study.splits import (
+    Split,
+    check_disjoint,
+    draw_splits,
+    fixed_splits,
+    labelled_subset,
+)
 
 STATE_FILE = "study.json"
-PLAN_FILE = "plan.pkl"
 TUNE_DIR = "tune"
 STUDY_OUTPUT = OutputKind(
     "study folder", is_dir=True, recognise=lambda path: (path / STATE_FILE).is_file()
@@ -57,16 +83,21 @@ def _say(progress: bool, msg: str) -> None:
 # -- data -------------------------------------------------------------------------------
 
 
-def prepare_data(spec: StudySpec) -> tuple[Path, Path | None]:
-    """The feature store and split file of a study (building bundled/synthetic data)."""
-    data_dir = spec.output / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
+def prepare_data(spec: StudySpec, data_dir: Path | None = None) -> tuple[Path, Path | None]:
+    """The feature store and split file of a study (building bundled/synthetic data).
+
+    Bundled and synthetic data are built in ``data_dir`` (default ``<output>/data``); a
+    given store is used where it is, and nothing is written.
+    """
+    data_dir = spec.output / "data" if data_dir is None else data_dir
     split_file = spec.split_file
     if spec.builtin == "office_caltech10":
+        data_dir.mkdir(parents=True, exist_ok=True)
         store = build_office_caltech_store(data_dir / "office_caltech10.zarr")
         if spec.protocol == "fixed" and split_file is None:
             split_file = write_hoffman_split_file(data_dir / "hoffman_splits.json")
     elif spec.synthetic is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
         store = make_synthetic(data_dir / "synthetic.zarr", spec.synthetic)
     else:
         store = spec.store
@@ -128,6 +159,164 @@ def compute_grams(
     return out
 
 
+@dataclass(frozen=True)
+class PairSplits:
+    """The splits of one device pair, drawn from the store's metadata alone."""
+
+    source: str
+    target: str
+    y_source: np.ndarray
+    y_target: np.ndarray
+    splits: list[Split]
+
+
+def _check_classes(name: str, devices: tuple[str, str], ys: np.ndarray, yt: np.ndarray) -> None:
+    """Every sample labelled, and the same classes on both devices of a pair."""
+    for dev, y in zip(devices, (ys, yt), strict=True):
+        if (y < 0).any():
+            raise ValueError(
+                f"device {dev!r} has unlabelled samples (label -1); a study "
+                "needs labels for every sample of its devices."
+            )
+    s, t = devices
+    lacks = [
+        f"classes {sorted(set(a.tolist()) - set(b.tolist()))} of {da!r} have no {db!r} sample"
+        for da, a, db, b in ((t, yt, s, ys), (s, ys, t, yt))
+        if set(a.tolist()) - set(b.tolist())
+    ]
+    if lacks:
+        raise ValueError(
+            f"{name}: both devices must have the same classes, but " + "; ".join(lacks) + ". "
+            "Give both devices the same class labels at ingest, or leave the pair out of "
+            "[data] pairs."
+        )
+
+
+def _groups(spec: StudySpec, pair: tuple[str, str], ms, mt) -> tuple:
+    """Group identifiers of both devices for protocol ``group`` (else ``None``s)."""
+    if spec.protocol != "group":
+        return None, None
+    groups = ms["group"].to_numpy(str), mt["group"].to_numpy(str)
+    for dev, g in zip(pair, groups, strict=True):
+        if (g == "").any():
+            raise ValueError(
+                f"protocol 'group' needs the group column of device "
+                f"{dev!r}, which is empty; fill it at ingest or use "
+                "protocol 'half'."
+            )
+    return groups
+
+
+def _draw_pair(
+    spec: StudySpec, split_file: Path | None, pair: tuple[str, str], ys, yt, groups
+) -> list[Split]:
+    """The splits of one pair (drawn, or read from the split file), unchecked."""
+    if spec.protocol == "fixed":
+        name = pair_name(*pair)
+        entries = read_split_file(split_file, name)
+        if len(entries) < spec.n_splits:
+            raise ValueError(
+                f"{name}: the split file has {len(entries)} splits but "
+                f"n_splits = {spec.n_splits}; lower n_splits."
+            )
+        return fixed_splits(
+            entries[: spec.n_splits], seed=spec.seed, pair=pair, n_source=ys.size, n_target=yt.size
+        )
+    return draw_splits(
+        ys,
+        yt,
+        n_splits=spec.n_splits,
+        seed=spec.seed,
+        pair=pair,
+        protocol=spec.protocol,
+        train_fraction=spec.train_fraction,
+        groups_source=groups[0],
+        groups_target=groups[1],
+        source_per_class=spec.source_per_class,
+    )
+
+
+def _check_splits(spec: StudySpec, name: str, splits: list[Split], yt, groups_t) -> None:
+    """Disjoint splits with training samples, a test set and enough labelled samples."""
+    for sp in splits:
+        check_disjoint(sp, groups_t)
+        if sp.source_train.size == 0:
+            raise ValueError(
+                f"{name}: split {sp.index} has no source training sample; raise "
+                "train_fraction or fix the split file."
+            )
+        if sp.target_test.size == 0:
+            raise ValueError(
+                f"{name}: split {sp.index} has no target test sample (each target class "
+                "has too few samples or groups to leave one for testing); lower "
+                "train_fraction, add target samples, or fix the split file."
+            )
+        try:
+            labelled_subset(sp, yt, max(spec.samples_per_class))
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from exc
+
+
+def pair_splits(spec: StudySpec, fs, split_file: Path | None) -> list[PairSplits]:
+    """Draw (or read) and check the splits of every pair, from the store's metadata only.
+
+    No feature is read and no Ray is needed, so this runs before any compute (``study
+    validate``, and the start of ``study run``) and fails in seconds on a spec that
+    the data cannot serve.
+
+    Raises
+    ------
+    ValueError
+        Naming the pair, split and class, and the fix: an unknown space or device, an
+        unlabelled sample, a class on one device only, too few splits in the split file,
+        an empty group column, a split with no source training or no target test sample,
+        a class with fewer target training samples than the largest
+        ``samples_per_class``.
+    """
+    meta = fs.metadata
+    out = []
+    for s, t in resolve_pairs(spec, fs):
+        ms = meta[(meta.device == s) & (meta.space == spec.source_space)].sort_values("row")
+        mt = meta[(meta.device == t) & (meta.space == spec.target_space)].sort_values("row")
+        ys, yt = ms["label"].to_numpy(np.int64), mt["label"].to_numpy(np.int64)
+        name = pair_name(s, t)
+        _check_classes(name, (s, t), ys, yt)
+        groups = _groups(spec, (s, t), ms, mt)
+        splits = _draw_pair(spec, split_file, (s, t), ys, yt, groups)
+        _check_splits(spec, name, splits, yt, groups[1])
+        out.append(PairSplits(s, t, ys, yt, splits))
+    return out
+
+
+def check_data(spec: StudySpec, store: Path, split_file: Path | None) -> list[PairSplits]:
+    """Check the spec against the store's metadata (see :func:`pair_splits`)."""
+    from mmdtl2_dist.store.feature_store import FeatureStore
+
+    return pair_splits(spec, FeatureStore.open(store), split_file)
+
+
+def validate_data(spec: StudySpec) -> str:
+    """What ``study validate`` checks of the data: one line, or a ``ValueError``.
+
+    A given store is checked where it is. The bundled data set is built in a temporary
+    folder (a second or two) and checked there. Synthetic data are generated by ``study
+    run`` itself, which checks them before Ray starts; an already generated store is
+    checked.
+    """
+    import tempfile
+
+    if spec.synthetic is not None and not (spec.output / "data" / "synthetic.zarr").exists():
+        return "data: synthetic, generated and checked by `mmdtl2 study run` before Ray starts"
+    with tempfile.TemporaryDirectory(prefix="mmdtl2-validate-") as tmp:
+        store, split_file = prepare_data(spec, Path(tmp) if spec.builtin else None)
+        pairs = check_data(spec, store, split_file)
+    return (
+        f"data: {len(pairs)} device pair(s) x {spec.n_splits} splits checked against the "
+        f"store; each split holds {max(spec.samples_per_class)} labelled target samples "
+        "per class and a test set"
+    )
+
+
 def build_plan(
     spec: StudySpec, store: Path, split_file: Path | None, grams: dict[str, str]
 ) -> StudyPlan:
@@ -140,87 +329,53 @@ def build_plan(
         GramStore.open(grams[spec.source_space]),
         GramStore.open(grams[spec.target_space]),
     )
-    meta = fs.metadata
-    pairs = []
-    for s, t in resolve_pairs(spec, fs):
-        ms = meta[(meta.device == s) & (meta.space == spec.source_space)].sort_values("row")
-        mt = meta[(meta.device == t) & (meta.space == spec.target_space)].sort_values("row")
-        ys, yt = ms["label"].to_numpy(np.int64), mt["label"].to_numpy(np.int64)
-        name = pair_name(s, t)
-        for dev, y in ((s, ys), (t, yt)):
-            if (y < 0).any():
-                raise ValueError(
-                    f"device {dev!r} has unlabelled samples (label -1); a study "
-                    "needs labels for every sample of its devices."
-                )
-        missing = sorted(set(yt) - set(ys))
-        if missing:
-            raise ValueError(f"{name}: target classes {missing} have no source sample.")
-        if spec.protocol == "fixed":
-            entries = read_split_file(split_file, name)
-            if len(entries) < spec.n_splits:
-                raise ValueError(
-                    f"{name}: the split file has {len(entries)} splits but "
-                    f"n_splits = {spec.n_splits}; lower n_splits."
-                )
-            splits = fixed_splits(
-                entries[: spec.n_splits],
-                seed=spec.seed,
-                pair=(s, t),
-                n_source=ys.size,
-                n_target=yt.size,
-            )
-        else:
-            gsrc = gtgt = None
-            if spec.protocol == "group":
-                gsrc, gtgt = ms["group"].to_numpy(str), mt["group"].to_numpy(str)
-                for dev, g in ((s, gsrc), (t, gtgt)):
-                    if (g == "").any():
-                        raise ValueError(
-                            f"protocol 'group' needs the group column of device "
-                            f"{dev!r}, which is empty; fill it at ingest or use "
-                            "protocol 'half'."
-                        )
-            splits = draw_splits(
-                ys,
-                yt,
-                n_splits=spec.n_splits,
-                seed=spec.seed,
-                pair=(s, t),
-                protocol=spec.protocol,
-                train_fraction=spec.train_fraction,
-                groups_source=gsrc,
-                groups_target=gtgt,
-                source_per_class=spec.source_per_class,
-            )
-        groups_t = mt["group"].to_numpy(str) if spec.protocol == "group" else None
-        for sp in splits:
-            check_disjoint(sp, groups_t)
-            try:
-                labelled_subset(sp, yt, max(spec.samples_per_class))
-            except ValueError as exc:
-                raise ValueError(f"{name}: {exc}") from exc
-        shared = spec.shared_space
-        pairs.append(
-            PairPlan(
-                name=name,
-                source=s,
-                target=t,
-                source_gram=grams[spec.source_space],
-                target_gram=grams[spec.target_space],
-                shared=shared,
-                source_rows=gs_src.rows(s),
-                target_rows=gs_tgt.rows(t),
-                target_rows_in_source=gs_src.rows(t) if shared else None,
-                y_source=ys,
-                y_target=yt,
-                splits=splits,
-                store=str(store),
-                source_space=spec.source_space,
-                target_space=spec.target_space,
-            )
+    shared = spec.shared_space
+    pairs = [
+        PairPlan(
+            name=pair_name(p.source, p.target),
+            source=p.source,
+            target=p.target,
+            source_gram=grams[spec.source_space],
+            target_gram=grams[spec.target_space],
+            shared=shared,
+            source_rows=gs_src.rows(p.source),
+            target_rows=gs_tgt.rows(p.target),
+            target_rows_in_source=gs_src.rows(p.target) if shared else None,
+            y_source=p.y_source,
+            y_target=p.y_target,
+            splits=p.splits,
+            store=str(store),
+            source_space=spec.source_space,
+            target_space=spec.target_space,
         )
+        for p in pair_splits(spec, fs, split_file)
+    ]
     return StudyPlan(spec.fingerprint(), fs.fingerprint, spec.seed, pairs)
+
+
+def _study_plan(
+    spec: StudySpec, store: Path, split_file: Path | None, grams: dict[str, str], path: Path
+) -> StudyPlan:
+    """The study's plan: drawn and written once, later read back and checked against this run.
+
+    A plan read back must name this spec, this store (its content fingerprint) and this
+    study's Gram stores; trials read exactly what it names.
+    """
+    from mmdtl2_dist.store.feature_store import FeatureStore
+
+    if not path.exists():
+        plan = build_plan(spec, store, split_file, grams)
+        save_plan(plan, path)
+        return plan
+    plan = load_plan(path)
+    named = {g for p in plan.pairs for g in (p.source_gram, p.target_gram)}
+    if plan.spec_fingerprint != spec.fingerprint():
+        raise plan_error(path, "it was drawn for another spec")
+    if plan.data_fingerprint != FeatureStore.open(store).fingerprint:
+        raise plan_error(path, f"it was drawn from other data than the store {store}")
+    if any(p.store != str(store) for p in plan.pairs) or not named <= set(grams.values()):
+        raise plan_error(path, "it names a store or Gram stores other than this study's")
+    return plan
 
 
 # -- Ray and Tune -----------------------------------------------------------------------
@@ -240,6 +395,105 @@ def _trainable(spec: StudySpec):
 
     bundles = [{"CPU": spec.cpus_per_trial}] + [{"CPU": 1.0}] * spec.split_tasks
     return tune.with_resources(tune_trainable, tune.PlacementGroupFactory(bundles))
+
+
+#: The signal that stopped the running study (``None`` until one comes) and whether
+#: Tune's loop is running: module state, since the Tune stopper finds it by reference.
+_STOP: dict = {"signum": None, "in_tune": False, "handler": None}
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """A study stopped by SIGINT or SIGTERM; its finished trials are kept for a resume.
+
+    ``exit_code`` is the shell's ``128 + signal number``: 130 for SIGINT (Ctrl-C), 143 for
+    SIGTERM.
+    """
+
+    def __init__(self, signum: int, spec: StudySpec):
+        trials = spec.trials()
+        self.signum = int(signum)
+        self.output = spec.output
+        self.total = len(trials)
+        self.done = self.total - len(_missing(spec, trials))
+        super().__init__(
+            f"stopped by {signal.Signals(self.signum).name} with {self.done} of "
+            f"{self.total} trials done (kept in {self.output / 'results'})"
+        )
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def resumable(self) -> bool:
+        """Whether ``study resume`` can continue it (the stop came after the data check)."""
+        return (self.output / STATE_FILE).exists()
+
+
+def _reclaim_signals() -> None:
+    """Put the study's signal handlers back after ``ray.init``.
+
+    Ray's core worker installs its own SIGTERM handler in the driver, which logs and
+    aborts, so a SIGTERM would leave neither a resume hint nor an exit status of 143.
+    """
+    if _STOP["handler"] is not None:
+        for s in _STOP_SIGNALS:
+            signal.signal(s, _STOP["handler"])
+
+
+class _StopOnSignal(Stopper):
+    """Ends the Tune experiment once SIGINT or SIGTERM has come (see _stop_on_signals)."""
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return _STOP["signum"] is not None
+
+
+@contextmanager
+def _stop_on_signals(spec: StudySpec):
+    """While a study runs, SIGINT and SIGTERM stop it cleanly and raise StudyInterrupted.
+
+    The first signal is recorded. While Tune runs trials, :class:`_StopOnSignal` then
+    ends the experiment at Tune's next step, so the driver is never stopped halfway
+    through writing a result file or an MLflow run (running trials are dropped and run
+    again on resume); anywhere else it raises ``KeyboardInterrupt`` at once (the Gram
+    resumes from its finished tiles). A second signal always raises at once. Tune's own
+    SIGINT handler, which stops quietly and returns as if the run had finished, is
+    turned off so that one handler sees every signal. Outside the main thread no
+    handler can be installed and signals keep their default effect.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _STOP.update(signum=None, in_tune=False)
+
+    def on_signal(signum, frame):
+        first = _STOP["signum"] is None
+        if first:
+            _STOP["signum"] = signum
+        if not (first and _STOP["in_tune"]):
+            raise KeyboardInterrupt
+
+    _STOP["handler"] = on_signal
+    saved = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS}
+    env = os.environ.get(_TUNE_SIGINT_ENV)
+    os.environ[_TUNE_SIGINT_ENV] = "1"
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise StudyInterrupted(_STOP["signum"] or signal.SIGINT, spec) from None
+    finally:
+        _STOP["handler"] = None
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        if env is None:
+            os.environ.pop(_TUNE_SIGINT_ENV, None)
+        else:
+            os.environ[_TUNE_SIGINT_ENV] = env
 
 
 class _Sink:
@@ -382,7 +636,8 @@ def run_study(
     spec : StudySpec or path
         The study.
     resume : bool
-        Restore the Tune experiment of ``spec.output`` (after an interruption).
+        Continue the study in ``spec.output`` (after an interruption); a run does the
+        same, since both run only the trials that have no result yet.
     address : str, optional
         Ray cluster address; default a local Ray (or the running session).
     num_cpus : int, optional
@@ -393,9 +648,37 @@ def run_study(
         Progress lines on stderr.
     max_trials : int, optional
         Stop after this many new trials (for tests and benchmarks of interruption).
+
+    Raises
+    ------
+    ValueError
+        The spec does not fit its data (:func:`check_data`), before Ray starts.
+    StudyInterrupted
+        SIGINT or SIGTERM stopped the study; no report is written, finished trials are
+        kept for ``study resume``.
     """
     if not isinstance(spec, StudySpec):
         spec = load_spec(spec)
+    with _stop_on_signals(spec):
+        return _run_study(
+            spec,
+            address=address,
+            num_cpus=num_cpus,
+            tracking_uri=tracking_uri,
+            progress=progress,
+            max_trials=max_trials,
+        )
+
+
+def _run_study(
+    spec: StudySpec,
+    *,
+    address: str | None,
+    num_cpus: int | None,
+    tracking_uri: str | None,
+    progress: bool,
+    max_trials: int | None,
+) -> dict:
     t_start = time.perf_counter()
     out = spec.output
     state_path = out / STATE_FILE
@@ -407,24 +690,21 @@ def run_study(
                 f"{out} holds another study (its spec changed); choose another "
                 "--output or delete the folder."
             )
+    store, split_file = prepare_data(spec)
+    check_data(spec, store, split_file)  # seconds, before Ray and the Gram (hours)
+    data_s = time.perf_counter() - t_start
     out.mkdir(parents=True, exist_ok=True)
     _write_state(spec, {})
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     ray, owned = _ensure_ray(address, num_cpus)
-    ray_start_s = time.perf_counter() - t_start
+    _reclaim_signals()
+    ray_start_s = time.perf_counter() - t_start - data_s
     try:
         t0 = time.perf_counter()
-        store, split_file = prepare_data(spec)
         grams = compute_grams(spec, store, address=address, progress=progress)
-        gram_s = time.perf_counter() - t0
+        gram_s = time.perf_counter() - t0 + data_s
         plan_path = out / PLAN_FILE
-        if plan_path.exists():
-            from mmdtl2_dist.study.trial import load_plan
-
-            plan = load_plan(str(plan_path))
-        else:
-            plan = build_plan(spec, store, split_file, grams)
-            plan.save(plan_path)
+        plan = _study_plan(spec, store, split_file, grams, plan_path)
         tcfg = tracker_config(spec, tracking_uri)
         tracker = _tracker(spec, tracking_uri)
         tags = {
@@ -445,9 +725,7 @@ def run_study(
             f"({len(plan.pairs)} pairs); output {out}",
         )
         t1, tune_t0 = time.perf_counter(), time.time()
-        _run_trials(
-            spec, plan_path, trials, sink, resume=resume, max_trials=max_trials, progress=progress
-        )
+        _run_trials(spec, plan_path, trials, sink, max_trials=max_trials, progress=progress)
         tune_s = time.perf_counter() - t1
         timing = {
             "ray_start_s": ray_start_s,
@@ -487,10 +765,16 @@ def _missing(spec: StudySpec, trials: list) -> list:
 
 
 def _fit(tuner, sink: _Sink, out: Path) -> None:
-    grid = tuner.fit()
+    _STOP["in_tune"] = True
+    try:
+        grid = tuner.fit()
+    finally:
+        _STOP["in_tune"] = False
     for r in grid:  # results the callback missed (e.g. the driver died right after)
         if r.metrics and "payload" in r.metrics:
             sink(json.loads(r.metrics["payload"]))
+    if _STOP["signum"] is not None:
+        raise KeyboardInterrupt  # trials stopped by a signal; see _stop_on_signals
     errors = list(grid.errors)
     if errors:
         raise RuntimeError(
@@ -499,52 +783,48 @@ def _fit(tuner, sink: _Sink, out: Path) -> None:
         )
 
 
+def _tune_name(out: Path) -> str:
+    """A new experiment name in ``out``: ``tune``, else ``tune-1``, ``tune-2``, ..."""
+    name, k = TUNE_DIR, 0
+    while (out / name).exists():
+        k += 1
+        name = f"{TUNE_DIR}-{k}"
+    return name
+
+
 def _run_trials(
     spec: StudySpec,
     plan_path: Path,
     trials: list,
     sink: _Sink,
     *,
-    resume: bool,
     max_trials: int | None,
     progress: bool,
 ) -> None:
-    """Restore unfinished Tune experiments of the study, then run trials still missing.
+    """Run the trials that have no result file yet, in a new Tune experiment.
 
-    Each run of the study that had trials to do created an experiment ``tune``,
-    ``tune-1``, ...; restoring one (``Tuner.restore``) keeps its finished trials and runs
-    its unfinished and errored ones again.
+    A trial is done when ``<output>/results/<key>.json`` exists; each run of the study
+    that has trials to do runs the missing ones as a fresh experiment ``tune``,
+    ``tune-1``, .... Nothing of Tune's own experiment state is read back:
+    ``Tuner.restore`` would unpickle it from the study folder (its ``tuner.pkl`` and the
+    trials' state), and it would bring nothing more, since a trial reports once, at its
+    end, and keeps no checkpoint, so an unfinished trial starts over either way.
     """
     from ray import tune
 
     out = spec.output
-    trainable = _trainable(spec)
-    dirs = sorted(
-        (d for d in out.glob(f"{TUNE_DIR}*") if d.is_dir()), key=lambda d: (len(d.name), d.name)
-    )
-    for d in dirs:
-        if not _missing(spec, trials):
-            break
-        if tune.Tuner.can_restore(str(d)):
-            _say(progress, f"study: resuming the Tune experiment in {d}")
-            # The callback (and its sink) come back from the experiment's tuner.pkl.
-            _fit(
-                tune.Tuner.restore(
-                    str(d), trainable=trainable, resume_unfinished=True, restart_errored=True
-                ),
-                sink,
-                out,
-            )
+    missing = _missing(spec, trials)
     # Longest first (a rough per-method cost rank), so that on few CPUs a slow trial does
     # not start last and run alone; the report keeps the spec's column order.
-    todo = sorted(_missing(spec, trials), key=lambda t: _COST_RANK.get(t.config.method, 9))
+    todo = sorted(missing, key=lambda t: _COST_RANK.get(t.config.method, 9))
     if max_trials is not None:
         todo = todo[:max_trials]
     if not todo:
         return
-    name = TUNE_DIR if not dirs else f"{TUNE_DIR}-{len(dirs)}"
+    if len(missing) < len(trials):
+        _say(progress, f"study: {len(trials) - len(missing)} trials already done, kept")
     tuner = tune.Tuner(
-        trainable,
+        _trainable(spec),
         param_space={
             "plan_path": str(plan_path),
             "split_tasks": spec.split_tasks,
@@ -556,7 +836,11 @@ def _run_trials(
             max_concurrent_trials=spec.max_concurrent_trials or None,
         ),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(out), verbose=0, callbacks=[StudyCallback(sink)]
+            name=_tune_name(out),
+            storage_path=str(out),
+            verbose=0,
+            callbacks=[StudyCallback(sink)],
+            stop=_StopOnSignal(),
         ),
     )
     _fit(tuner, sink, out)

@@ -11,7 +11,8 @@ whose single sample count gives one trial per method, or on clusters with more C
 trials).
 
 Data reach the trial **by path**: the plan (splits and row maps, written once by the
-driver to ``<output>/plan.pkl``) and the Gram stores are opened from shared storage, so
+driver to ``<output>/plan.json`` and ``plan.npz``, read as data: see
+:mod:`mmdtl2_dist.study.plan`) and the Gram stores are opened from shared storage, so
 the same code runs on a laptop and on a cluster whose nodes mount the study folder. Each
 worker process keeps the Gram rows of the study's devices in memory between trials (Tune
 reuses its actors), so a Gram is read once per worker, not once per trial.
@@ -20,15 +21,15 @@ reuses its actors), so a Gram is read once per worker, not once per trial.
 from __future__ import annotations
 
 import json
-import pickle
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
 from mmdtl2_dist.study.baselines import skada_predict
+from mmdtl2_dist.study.plan import PairPlan, StudyPlan
+from mmdtl2_dist.study.plan import load_plan as read_plan
 from mmdtl2_dist.study.splits import Split, labelled_subset
 
 INFO_KEYS = (
@@ -43,51 +44,10 @@ INFO_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class PairPlan:
-    """Everything a trial needs about one (source, target) device pair.
-
-    ``*_rows`` map device positions (0..n_device-1) to Gram rows.
-    """
-
-    name: str
-    source: str
-    target: str
-    source_gram: str
-    target_gram: str
-    shared: bool
-    source_rows: np.ndarray
-    target_rows: np.ndarray
-    target_rows_in_source: np.ndarray | None
-    y_source: np.ndarray
-    y_target: np.ndarray
-    splits: list[Split]
-    store: str
-    source_space: str
-    target_space: str
-
-
-@dataclass(frozen=True)
-class StudyPlan:
-    """The plan of a study: pairs and splits, written once and read by every trial."""
-
-    spec_fingerprint: str
-    data_fingerprint: str
-    seed: int
-    pairs: list[PairPlan]
-
-    def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            pickle.dump(self, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        tmp.replace(path)
-
-
 @lru_cache(maxsize=4)
 def load_plan(path: str) -> StudyPlan:
-    """Read a plan (cached per process)."""
-    with open(path, "rb") as fh:
-        return pickle.load(fh)
+    """Read and check a plan (cached per process; see :mod:`mmdtl2_dist.study.plan`)."""
+    return read_plan(path)
 
 
 @dataclass
