@@ -21,7 +21,7 @@ from mmdtl2_dist.core.priors import (
     PoolMap,
     SamplePool,
     coral_map,
-    pca_coefficients,
+    pca_basis,
     shared_pca_map,
     subspace_alignment_map,
     transductive_prior,
@@ -109,10 +109,10 @@ def test_coral_equals_feature_space(L, ns, nt, reg):
     _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, W0))
 
 
-def test_pca_coefficients_are_orthonormal_axes():
+def test_pca_basis_is_the_orthonormal_principal_axes():
     _, Ys, _, _, _ = _split()
-    A, lam = pca_coefficients(Ys @ Ys.T, 3)
-    P = Ys.T @ A
+    basis = pca_basis(Ys @ Ys.T, 3)
+    P, lam = Ys.T @ basis.A, basis.lam
     np.testing.assert_allclose(P.T @ P, np.eye(3), atol=1e-12)
     np.testing.assert_allclose(np.abs(P.T @ _pca_basis(Ys, 3)), np.eye(3), atol=1e-9)
     assert np.all(np.diff(lam) < 0)
@@ -166,4 +166,38 @@ def test_bad_inputs_name_the_fix():
         shared_pca_map(bad, 2)
     low = np.ones((5, 5))  # rank 1, centred rank 0
     with pytest.raises(ValueError, match="exceeds the rank of the samples"):
-        pca_coefficients(low, 1)
+        pca_basis(low, 1)
+    small = pca_basis(pool.Ktt, 2)
+    with pytest.raises(ValueError, match="d=3 exceeds the 2 axes of the target samples' PCA"):
+        subspace_alignment_map(pool, 3, target_basis=small)
+    with pytest.raises(ValueError, match="has 40 rows but the pool has 30 source samples"):
+        subspace_alignment_map(pool, 2, source_basis=small)
+    with pytest.raises(ValueError, match="computed with center=True, the prior asks for center"):
+        shared_pca_map(pool, 2, center=False, basis=pca_basis(pool.Kyy, 2))
+    with pytest.raises(ValueError, match="CORAL needs the complete centred PCA basis"):
+        coral_map(pool, target_basis=small)
+
+
+def test_precomputed_bases_give_the_same_prior():
+    """A basis computed once for the largest d serves every smaller d (nested eigenpairs)."""
+    pool, *_ = _split(seed=5)
+    src, tgt, shared = pca_basis(pool.Kss, 6), pca_basis(pool.Ktt, 6), pca_basis(pool.Kyy, 6)
+    for d in (2, 4):
+        pairs = [
+            (
+                subspace_alignment_map(pool, d),
+                subspace_alignment_map(pool, d, source_basis=src, target_basis=tgt),
+            ),
+            (shared_pca_map(pool, d), shared_pca_map(pool, d, basis=shared)),
+        ]
+        for fresh, reused in pairs:
+            a, b = fresh.blocks(pool), reused.blocks(pool)
+            for name in BLOCKS:
+                np.testing.assert_allclose(
+                    getattr(a, name), getattr(b, name), rtol=1e-12, atol=1e-12
+                )
+    full_s, full_t = pca_basis(pool.Kss), pca_basis(pool.Ktt)
+    a = coral_map(pool).blocks(pool)
+    b = coral_map(pool, source_basis=full_s, target_basis=full_t).blocks(pool)
+    for name in BLOCKS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))

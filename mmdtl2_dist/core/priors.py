@@ -42,7 +42,7 @@ For samples ``X`` (n, L) with Gram ``K = X Xᵀ`` and the centring ``H = I − 1
 ``H K H = V Λ Vᵀ`` (top ``d`` eigenpairs). The principal axes are the right singular vectors
 of ``H X``: ``P = Xᵀ A`` with ``A = H V Λ^{-1/2}`` (n, d), and ``PᵀP = Λ^{-1/2} Vᵀ H K H V
 Λ^{-1/2} = I_d``. The coordinates of any sample in that basis are ``Pᵀ x = Aᵀ (X x)``: Gram
-rows again. Uncentred PCA (``center=False``) drops ``H``. :func:`pca_coefficients`
+rows again. Uncentred PCA (``center=False``) drops ``H``. :func:`pca_basis`
 computes ``A``.
 
 **Centring.** The bases are computed from the centred Gram (``center=True``, the
@@ -147,6 +147,7 @@ matrices in feature space (``tests/test_priors.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.linalg as sla
@@ -199,9 +200,9 @@ class SamplePool:
     target_train: np.ndarray
     target_test: np.ndarray
 
-    @property
+    @cached_property
     def Kyy(self) -> np.ndarray:
-        """The whole pool's Gram ``[[Kss, Kst], [Ktsᵀ, Ktt]]`` (p, p)."""
+        """The whole pool's Gram ``[[Kss, Kst], [Kstᵀ, Ktt]]`` (p, p), formed once."""
         return np.block([[self.Kss, self.Kst], [self.Kst.T, self.Ktt]])
 
     def validate(self) -> None:
@@ -295,13 +296,52 @@ def centred_gram(K: np.ndarray) -> np.ndarray:
     return 0.5 * (Kc + Kc.T)
 
 
-def pca_coefficients(
-    K: np.ndarray, d: int | None, *, center: bool = True, what: str = "samples"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Coefficients ``A`` (n, r) of the PCA basis ``P = Xᵀ A`` and its eigenvalues ``Λ``.
+@dataclass(frozen=True)
+class PCABasis:
+    """The PCA basis ``P = Xᵀ A`` of one set of samples, from their Gram ``K = X Xᵀ``.
 
-    ``r = d`` top eigenpairs of the (centred) Gram ``K = X Xᵀ``, or every eigenpair above
-    ``EIG_RTOL`` of the largest when ``d is None``. ``A = H V Λ^{-1/2}`` so ``PᵀP = I``.
+    Attributes
+    ----------
+    A : ndarray (n, r)
+        Coefficients, ``A = H V Λ^{-1/2}`` (``H`` dropped when not centred), ``PᵀP = I``.
+    lam : ndarray (r,)
+        Eigenvalues ``Λ`` of the (centred) Gram, descending.
+    center : bool
+        Whether the Gram was centred.
+    complete : bool
+        Whether every eigenpair above ``EIG_RTOL`` is kept (CORAL needs them all).
+
+    A basis depends only on its samples, so one computed for the largest ``d`` serves
+    every smaller one (the top eigenpairs are nested) and a device's basis can be computed
+    once for all the splits that share its pool.
+    """
+
+    A: np.ndarray
+    lam: np.ndarray
+    center: bool
+    complete: bool
+
+    def top(self, d: int, n: int, what: str) -> np.ndarray:
+        """``A`` of the top ``d`` axes, checked against ``n`` samples named ``what``."""
+        if self.A.shape[0] != n:
+            raise ValueError(
+                f"the {what}' PCA basis has {self.A.shape[0]} rows but the pool has {n} "
+                f"{what}; compute it with pca_basis from the pool's own Gram."
+            )
+        if d > self.A.shape[1]:
+            raise ValueError(
+                f"d={d} exceeds the {self.A.shape[1]} axes of the {what}' PCA basis; compute "
+                "the basis with at least d axes (pca_basis(K, d)) or lower d."
+            )
+        return self.A[:, :d]
+
+
+def pca_basis(
+    K: np.ndarray, d: int | None = None, *, center: bool = True, what: str = "samples"
+) -> PCABasis:
+    """The top-``d`` PCA basis of the samples of Gram ``K`` (module docstring).
+
+    ``d is None`` keeps every eigenpair above ``EIG_RTOL`` of the largest.
 
     Raises
     ------
@@ -327,14 +367,50 @@ def pca_coefficients(
     lam, V = lam[keep][::-1], V[:, keep][:, ::-1]
     if center:
         V = V - V.mean(axis=0, keepdims=True)  # H V: exact orthogonality to the mean
-    return V / np.sqrt(lam), lam
+    return PCABasis(V / np.sqrt(lam), lam, center, d is None)
 
 
-def subspace_alignment_map(pool: SamplePool, d: int, *, center: bool = True) -> PoolMap:
-    """Subspace alignment's ``W0 = Ps (PsᵀPt) Ptᵀ`` on ``d``-dim PCA bases (module docstring)."""
+def _basis(given, K, d, center, what) -> np.ndarray:
+    """The top-``d`` coefficients of ``given``, or of a basis computed from ``K``."""
+    if given is None:
+        return pca_basis(K, d, center=center, what=what).A
+    if given.center != center:
+        raise ValueError(
+            f"the {what}' PCA basis was computed with center={given.center}, the prior asks "
+            f"for center={center}; compute it with the same centring."
+        )
+    return given.top(d, K.shape[0], what)
+
+
+def _complete_basis(given, K, what) -> tuple[np.ndarray, np.ndarray]:
+    """``(A, Λ)`` of the complete centred basis ``given``, or of one computed from ``K``."""
+    if given is None:
+        given = pca_basis(K, what=what)
+    elif not (given.complete and given.center):
+        raise ValueError(
+            f"CORAL needs the complete centred PCA basis of the {what} (pca_basis(K)); "
+            "the one given was truncated or uncentred."
+        )
+    return given.top(given.A.shape[1], K.shape[0], what), given.lam
+
+
+def subspace_alignment_map(
+    pool: SamplePool,
+    d: int,
+    *,
+    center: bool = True,
+    source_basis: PCABasis | None = None,
+    target_basis: PCABasis | None = None,
+) -> PoolMap:
+    """Subspace alignment's ``W0 = Ps (PsᵀPt) Ptᵀ`` on ``d``-dim PCA bases (module docstring).
+
+    ``source_basis``, ``target_basis``: bases of the pool's source and target samples
+    (:func:`pca_basis` of ``Kss``, ``Ktt``) with at least ``d`` axes, computed once and
+    reused; by default computed here.
+    """
     pool.validate()
-    A_s, _ = pca_coefficients(pool.Kss, d, center=center, what="source samples")
-    A_t, _ = pca_coefficients(pool.Ktt, d, center=center, what="target samples")
+    A_s = _basis(source_basis, pool.Kss, d, center, "source samples")
+    A_t = _basis(target_basis, pool.Ktt, d, center, "target samples")
     ns, nt = A_s.shape[0], A_t.shape[0]
     M = A_s.T @ pool.Kst @ A_t
     L = np.vstack([A_s, np.zeros((nt, d))])
@@ -342,15 +418,30 @@ def subspace_alignment_map(pool: SamplePool, d: int, *, center: bool = True) -> 
     return PoolMap(0.0, L, T)
 
 
-def shared_pca_map(pool: SamplePool, d: int, *, center: bool = True) -> PoolMap:
-    """The projection ``W0 = P Pᵀ`` on the ``d``-dim PCA subspace of the whole pool."""
+def shared_pca_map(
+    pool: SamplePool, d: int, *, center: bool = True, basis: PCABasis | None = None
+) -> PoolMap:
+    """The projection ``W0 = P Pᵀ`` on the ``d``-dim PCA subspace of the whole pool.
+
+    ``basis``: :func:`pca_basis` of the pool's ``Kyy`` with at least ``d`` axes, if known.
+    """
     pool.validate()
-    A, _ = pca_coefficients(pool.Kyy, d, center=center, what="pool samples")
+    A = _basis(basis, pool.Kyy, d, center, "pool samples")
     return PoolMap(0.0, A, A.T)
 
 
-def coral_map(pool: SamplePool, reg: float = 1.0) -> PoolMap:
-    """CORAL's ``W0 = Cs^{1/2} Ct^{-1/2}``, ``C = cov + reg·I`` (module docstring)."""
+def coral_map(
+    pool: SamplePool,
+    reg: float = 1.0,
+    *,
+    source_basis: PCABasis | None = None,
+    target_basis: PCABasis | None = None,
+) -> PoolMap:
+    """CORAL's ``W0 = Cs^{1/2} Ct^{-1/2}``, ``C = cov + reg·I`` (module docstring).
+
+    ``source_basis``, ``target_basis``: complete centred bases of ``Kss``, ``Ktt``
+    (``pca_basis(K)``), if known.
+    """
     pool.validate()
     if not (np.isfinite(reg) and reg > 0):
         raise ValueError(f"reg must be a positive finite number (CORAL uses 1), got {reg!r}.")
@@ -360,8 +451,8 @@ def coral_map(pool: SamplePool, reg: float = 1.0) -> PoolMap:
             f"CORAL needs at least 2 samples of each device for a covariance; the pool has "
             f"{ns} source and {nt} target samples. Add unlabelled samples to the pool."
         )
-    A_s, lam_s = pca_coefficients(pool.Kss, None)
-    A_t, lam_t = pca_coefficients(pool.Ktt, None)
+    A_s, lam_s = _complete_basis(source_basis, pool.Kss, "source samples")
+    A_t, lam_t = _complete_basis(target_basis, pool.Ktt, "target samples")
     E_s = np.sqrt(1.0 + lam_s / ((ns - 1) * reg)) - 1.0
     D_t = 1.0 / np.sqrt(1.0 + lam_t / ((nt - 1) * reg)) - 1.0
     M = A_s.T @ pool.Kst @ A_t
@@ -381,8 +472,10 @@ PRIOR_MAPS = {"sa": subspace_alignment_map, "shared_pca": shared_pca_map, "coral
 def transductive_prior(pool: SamplePool, name: str, **params) -> PriorBlocks:
     """The ``prior="matrix"`` blocks of the prior ``name`` learned from ``pool``.
 
-    ``name`` is ``"sa"`` (``d``, ``center``), ``"shared_pca"`` (``d``, ``center``) or
-    ``"coral"`` (``reg``); ``params`` go to the map's function.
+    ``name`` is ``"sa"``, ``"shared_pca"`` or ``"coral"``; ``params`` go to the map's
+    function (:func:`subspace_alignment_map`: ``d``, ``center``, the bases;
+    :func:`shared_pca_map`: ``d``, ``center``, ``basis``; :func:`coral_map`: ``reg``, the
+    bases).
     """
     if name not in PRIOR_MAPS:
         raise ValueError(f"unknown transductive prior {name!r}; choose one of {list(PRIOR_MAPS)}.")
