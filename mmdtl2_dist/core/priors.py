@@ -80,9 +80,12 @@ exactly what removes that ambiguity. In pool form (``A_s``, ``A_t`` from the cen
 
     M = A_s^\top K_{st} A_t, \quad a = 0, \quad L = [A_s; 0], \quad T = [0,\ M A_t^\top].
 
-Here ``G = A_sᵀ Kss A_s = I_d`` (centred or not, since ``A_s`` is built from the Gram it
-is applied to). Cost ``O(ns² d + nt² d)`` for the top-``d`` eigenpairs and the products.
-``d ≤ min(ns, nt) − 1`` (the rank of a centred Gram).
+(``M`` is SA's alignment matrix, not the number of labelled targets.) Here
+``G = A_sᵀ Kss A_s = I_d`` (centred or not, since ``A_s`` is built from the Gram it is
+applied to). Cost: two top-``d`` eigendecompositions, ``O(ns³ + nt³)`` with LAPACK's
+subset solver (it still tridiagonalises), then ``O(p² d)`` products; a device's basis
+depends only on its pool, so it is computed once for every split and ``d``
+(:class:`PCABasis`). ``d ≤ min(ns, nt) − 1`` (the rank of a centred Gram).
 
 2. Shared PCA (Hoffman et al.'s code)
 -------------------------------------
@@ -97,7 +100,8 @@ changes the source SVM's space):
 
     a = 0, \quad L = A, \quad T = A^\top .
 
-Cost ``O(p² d)``; ``d ≤ p − 1``.
+Cost ``O(p³)`` for the eigendecomposition of the pool Gram, ``O(p² d)`` products;
+``d ≤ p − 1``.
 
 3. CORAL (Sun et al., AAAI 2016) as a map
 -----------------------------------------
