@@ -87,6 +87,29 @@ def test_subspace_alignment_equals_feature_space(d, center):
     _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, W0))
 
 
+def test_subspace_alignment_with_complement_equals_feature_space():
+    pool, Ys, Yt, ys, yt = _split(seed=6)
+    Ps, Pt = _pca_basis(Ys, 3), _pca_basis(Yt, 3)
+    I = np.eye(Ys.shape[1])
+    W0 = Ps @ Ps.T @ Pt @ Pt.T + (I - Ps @ Ps.T) @ (I - Pt @ Pt.T)
+    got = pool.problem(ys, yt, subspace_alignment_map(pool, 3, complement=True).blocks(pool))
+    _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, W0))
+
+
+def test_subspace_alignment_with_complement_is_the_identity_for_one_subspace():
+    """Two devices with the same samples: W0 = I, the identity prior's blocks."""
+    pool, Ys, _, ys, yt = _split(seed=7)
+    same = SamplePool(
+        pool.Kss, pool.Kss, pool.Kss, pool.source_train, np.arange(9), np.arange(9, 30)
+    )
+    got = subspace_alignment_map(same, 3, complement=True).blocks(same)
+    prob = same.problem(ys, yt)
+    for name, ref in zip(BLOCKS, (prob.Kst, prob.Ktt, prob.Ksq, prob.Ktq), strict=True):
+        np.testing.assert_allclose(
+            getattr(got, name), ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max()
+        )
+
+
 @pytest.mark.parametrize("center", [True, False])
 def test_shared_pca_equals_feature_space(center):
     pool, Ys, Yt, ys, yt = _split(seed=1)

@@ -87,6 +87,21 @@ subset solver (it still tridiagonalises), then ``O(p² d)`` products; a device's
 depends only on its pool, so it is computed once for every split and ``d``
 (:class:`PCABasis`). ``d ≤ min(ns, nt) − 1`` (the rank of a centred Gram).
 
+1b. Subspace alignment with the identity outside the subspaces
+---------------------------------------------------------------
+SA's ``W0`` has rank ``d``: every direction outside the two subspaces is dropped, which
+is the wrong prior for two devices that differ little, where the identity is right.
+``complement=True`` (a variant of this product, not in the SA paper) keeps SA inside the
+subspaces and the identity between their complements, with ``Πs = Ps Psᵀ``,
+``Πt = Pt Ptᵀ``:
+
+.. math::
+
+    W_0 = Π_s Π_t + (I - Π_s)(I - Π_t) = I - Π_s - Π_t + 2\, Π_s Π_t,
+
+which is ``I`` when the subspaces coincide. In pool form
+``a = 1``, ``L = [[A_s, 0], [0, A_t]]``, ``T = [[−A_sᵀ, 2 M A_tᵀ], [0, −A_tᵀ]]``.
+
 2. Shared PCA (Hoffman et al.'s code)
 -------------------------------------
 One PCA over the whole pool, centred by the pool mean (what the reference code's
@@ -405,18 +420,23 @@ def subspace_alignment_map(
     center: bool = True,
     source_basis: PCABasis | None = None,
     target_basis: PCABasis | None = None,
+    complement: bool = False,
 ) -> PoolMap:
     """Subspace alignment's ``W0 = Ps (PsᵀPt) Ptᵀ`` on ``d``-dim PCA bases (module docstring).
 
     ``source_basis``, ``target_basis``: bases of the pool's source and target samples
     (:func:`pca_basis` of ``Kss``, ``Ktt``) with at least ``d`` axes, computed once and
-    reused; by default computed here.
+    reused; by default computed here. ``complement=True`` adds the identity outside the
+    subspaces, ``W0 = Πs Πt + (I − Πs)(I − Πt)`` (module docstring, 1b).
     """
     pool.validate()
     A_s = _basis(source_basis, pool.Kss, d, center, "source samples")
     A_t = _basis(target_basis, pool.Ktt, d, center, "target samples")
     ns, nt = A_s.shape[0], A_t.shape[0]
     M = A_s.T @ pool.Kst @ A_t
+    if complement:  # I − Πs − Πt + 2 Πs Πt
+        T = np.block([[-A_s.T, 2.0 * M @ A_t.T], [np.zeros((d, ns)), -A_t.T]])
+        return PoolMap(1.0, sla.block_diag(A_s, A_t), T)
     L = np.vstack([A_s, np.zeros((nt, d))])
     T = np.hstack([np.zeros((d, ns)), M @ A_t.T])
     return PoolMap(0.0, L, T)
