@@ -31,7 +31,9 @@ column the shifts where it is more than one standard error below max(source SVM,
 SVM). One process, one BLAS thread: 400 splits took 24 min wall on the 2 shared cores here
 (load about 10), most of it in the Caltech and Amazon targets (pools of 1123 and 958
 samples); ``--datasets``, ``--splits`` cut it. Writes ``benchmarks/results/priors_dev.json``
-(the printed tables are in ``priors_dev.md``).
+(the printed tables also in ``priors_dev.md``). ``--explore`` runs the :data:`EXPLORE`
+columns instead (prior weight 0.5 for SA and shared PCA, and SA with the identity outside
+the subspaces), into ``priors_dev_explore.json``.
 """
 
 from __future__ import annotations
@@ -87,6 +89,18 @@ COLUMNS = (
         ("MMDT Hoffman", "mmdt_hoffman", {}, None, None),
     ]
 )
+HALF = {**PRIOR, "prior_weight": 0.5}
+# ``--explore``: the weights and the SA variant the main table suggested, on the same splits.
+EXPLORE = (
+    COLUMNS[:2]
+    + [
+        ("SA d=40 λ=0.5", "mmdtl2", HALF, "sa", 40),
+        ("shared PCA d=20 λ=0.5", "mmdtl2", HALF, "shared_pca", 20),
+        ("shared PCA d=40 λ=0.5", "mmdtl2", HALF, "shared_pca", 40),
+    ]
+    + [(f"SA+I d={d}", "mmdtl2", PRIOR, "sa+I", d) for d in (20, 40, 79)]
+    + [("SA+I d=40 λ=0.5", "mmdtl2", HALF, "sa+I", 40)]
+)
 
 
 @cache
@@ -117,33 +131,41 @@ def shift_grams(dataset: str, source: str, target: str, data_dir: str | None):
     return Xs @ Xs.T, Kt, Xs @ Xt.T, ys, yt, bases
 
 
-def prior_maps(pool: SamplePool, target_bases: dict) -> dict:
-    """Every transductive prior of the columns, each basis computed once per split."""
+def prior_maps(pool: SamplePool, target_bases: dict, keys) -> dict:
+    """The transductive priors ``keys`` (name, d), each basis computed once per split.
+
+    ``"sa"`` needs ``d`` below the number of source samples: larger ones are left out.
+    """
     ns = pool.Kss.shape[0]
-    src_sa = pca_basis(pool.Kss, min(max(DIMS), ns - 1))
-    shared = pca_basis(pool.Kyy, max(DIMS))
-    maps = {("coral", None): coral_map(pool, 1.0, target_basis=target_bases["coral"])}
-    for d in DIMS:
-        maps["shared_pca", d] = shared_pca_map(pool, d, basis=shared)
-        if d < ns:  # SA needs d below the number of source samples
-            maps["sa", d] = subspace_alignment_map(
-                pool, d, source_basis=src_sa, target_basis=target_bases["sa"]
-            )
+    names = {name for name, _ in keys}
+    src_sa = pca_basis(pool.Kss, min(max(DIMS), ns - 1)) if names & {"sa", "sa+I"} else None
+    shared = pca_basis(pool.Kyy, max(DIMS)) if "shared_pca" in names else None
+    maps = {}
+    for name, d in keys:
+        if name == "coral":
+            maps[name, d] = coral_map(pool, 1.0, target_basis=target_bases["coral"])
+        elif name == "shared_pca":
+            maps[name, d] = shared_pca_map(pool, d, basis=shared)
+        elif d < ns:
+            maps[name, d] = subspace_alignment_map(
+                pool, d, source_basis=src_sa, target_basis=target_bases["sa"],
+                complement=name == "sa+I",
+            )  # fmt: skip
     return maps
 
 
-def evaluate(job, data_dir):
+def evaluate(job, data_dir, columns=COLUMNS):
     """Accuracy of every column on one split; ``None`` where a column is not defined."""
     dataset, source, target, k = job
     Ks, Kt, Kst, ys_all, yt_all, bases = shift_grams(dataset, source, target, data_dir)
     src, lab, test = random_split_rows(ys_all, yt_all, source, target, k, SEEDS["dev"])
     # The prior's pool: the split's source samples and the whole target domain.
     pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
-    maps = prior_maps(pool, bases)
+    maps = prior_maps(pool, bases, {(c[3], c[4]) for c in columns if c[3] is not None})
     base = pool.problem(ys_all[src], yt_all[lab])
     yq = yt_all[test]
     out = {}
-    for label, method, params, prior, d in COLUMNS:
+    for label, method, params, prior, d in columns:
         if prior is not None and (prior, d) not in maps:
             out[label] = None
             continue
@@ -154,16 +176,17 @@ def evaluate(job, data_dir):
     return out
 
 
-def summarise(acc: dict) -> dict:
+def summarise(acc: dict, columns) -> dict:
     """Per-shift mean and standard error (%), dataset and overall means, and the losses."""
-    labels = [c[0] for c in COLUMNS]
+    labels = [c[0] for c in columns]
     summary = {"shifts": {}, "means": {}, "below_best_svm": {}}
     by_dataset: dict = {}
     for key, cols in acc.items():
         cell = {}
         for c in labels:
             a = np.array([v for v in cols[c] if v is not None]) * 100
-            cell[c] = None if a.size == 0 else (a.mean(), a.std(ddof=1) / np.sqrt(a.size))
+            se = a.std(ddof=1) / np.sqrt(a.size) if a.size > 1 else 0.0
+            cell[c] = None if a.size == 0 else (a.mean(), se)
         summary["shifts"][key] = cell
         by_dataset.setdefault(key.split(":")[0], []).append(cell)
         best = max(cell["source SVM"][0], cell["target SVM"][0])
@@ -189,24 +212,28 @@ def summarise(acc: dict) -> dict:
     return summary
 
 
-def print_tables(summary: dict) -> None:
-    labels = [c[0] for c in COLUMNS]
-    print("| shift | " + " | ".join(labels) + " |")
-    print("|---" * (len(labels) + 1) + "|")
+def format_tables(summary: dict, columns) -> str:
+    """The per-shift table, the means and the losses against max(source, target SVM)."""
+    labels = [c[0] for c in columns]
+    lines = ["| shift | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for key, cell in summary["shifts"].items():
         cells = [
             "n/a" if cell[c] is None else f"{cell[c][0]:.1f} ± {cell[c][1]:.1f}" for c in labels
         ]
-        print(f"| {key} | " + " | ".join(cells) + " |")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     for g, m in summary["means"].items():
         cells = ["n/a" if m[c] is None else f"**{m[c]:.1f}**" for c in labels]
-        print(f"| **mean {g}** | " + " | ".join(cells) + " |")
+        lines.append(f"| **mean {g}** | " + " | ".join(cells) + " |")
+    lines.append("")
     for g, m in summary["means"].items():
-        print(f"max(source, target SVM) mean over {g}: {m['max(source, target SVM)']:.1f}")
-    print("\nShifts where a column is more than one standard error below max(source, target SVM):")
+        lines.append(f"max(source, target SVM) mean over {g}: {m['max(source, target SVM)']:.1f}")
+    lines.append(
+        "\nShifts where a column is more than one standard error below max(source, target SVM):"
+    )
     for c in labels:
         lost = summary["below_best_svm"].get(c, [])
-        print(f"  {c}: {len(lost)}  {', '.join(lost)}")
+        lines.append(f"  {c}: {len(lost)}  {', '.join(lost)}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -214,10 +241,12 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=None, help="folder of the deep-feature sets")
     ap.add_argument("--datasets", nargs="+", default=None, choices=list(DATASETS))
     ap.add_argument("--splits", type=int, default=20)
-    ap.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "priors_dev.json"
-    )
+    ap.add_argument("--explore", action="store_true", help="the EXPLORE columns instead")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    columns = EXPLORE if args.explore else COLUMNS
+    name = "priors_dev_explore" if args.explore else "priors_dev"
+    args.out = args.out or Path(__file__).parent / "results" / f"{name}.json"
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     if args.data is None and set(datasets) - {"surf"}:
         ap.error("--data DIR is needed for the GoogLeNet-1024 and DeCAF6 features.")
@@ -233,15 +262,16 @@ def main() -> None:
     acc: dict = {}
     with threadpool_limits(1):
         for i, job in enumerate(jobs, 1):
-            out = evaluate(job, data_dir)
+            out = evaluate(job, data_dir, columns)
             cell = acc.setdefault(f"{job[0]}:{job[1][0].upper()}→{job[2][0].upper()}", {})
             for label, v in out.items():
                 cell.setdefault(label, []).append(v)
             if i % 20 == 0:
                 print(f"  {i}/{len(jobs)} splits, {time.perf_counter() - t0:.0f} s", flush=True)
     wall = time.perf_counter() - t0
-    summary = summarise(acc)
-    print_tables(summary)
+    summary = summarise(acc, columns)
+    tables = format_tables(summary, columns)
+    print(tables)
     print(f"{len(jobs)} splits, {wall:.0f} s")
     meta = {
         "machine": f"{platform.machine()}, 1 process, 1 BLAS thread (2 shared cores)",
@@ -250,17 +280,20 @@ def main() -> None:
         + (" --data DIR" if args.data else "")
         + " --datasets "
         + " ".join(datasets)
-        + ("" if args.splits == 20 else f" --splits {args.splits}"),
+        + ("" if args.splits == 20 else f" --splits {args.splits}")
+        + (" --explore" if args.explore else ""),
         "split_set": f"dev (seed {SEEDS['dev']})",
         "columns": [
             {"label": c[0], "method": c[1], "params": c[2], "prior": c[3], "d": c[4]}
-            for c in COLUMNS
+            for c in columns
         ],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"meta": meta, "summary": summary, "acc": acc}, indent=1, ensure_ascii=False)
     )
+    title = f"# `{meta['command']}` ({meta['split_set']} splits; mean ± standard error, %)"
+    args.out.with_suffix(".md").write_text(f"{title}\n\n{tables}\n")
 
 
 if __name__ == "__main__":
