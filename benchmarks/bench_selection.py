@@ -89,10 +89,12 @@ RULES = {
 }
 
 
-def random_split(source: str, target: str, k: int, seed: int):
-    """A random split with Hoffman's sizes (seeded by ``seed``, shift and index)."""
-    Xs_all, ys_all = _domain_gram(source, "l2_zscore")
-    Xt_all, yt_all = _domain_gram(target, "l2_zscore")
+def random_split_rows(ys_all, yt_all, source: str, target: str, k: int, seed: int):
+    """Rows of a random split with Hoffman's sizes (seeded by ``seed``, shift and index).
+
+    ``(src, lab, test)``: 20 source rows per class (8 from webcam or dslr), 3 labelled
+    target rows per class, and the rest of the target domain.
+    """
     rng = np.random.default_rng([seed, SHIFTS.index((source, target)), k])
     ns = 8 if source in ("webcam", "dslr") else 20
     src = np.concatenate(
@@ -101,7 +103,14 @@ def random_split(source: str, target: str, k: int, seed: int):
     lab = np.concatenate(
         [rng.choice(np.flatnonzero(yt_all == c), 3, replace=False) for c in np.unique(yt_all)]
     )
-    test = np.setdiff1d(np.arange(len(yt_all)), lab)
+    return src, lab, np.setdiff1d(np.arange(len(yt_all)), lab)
+
+
+def random_split(source: str, target: str, k: int, seed: int):
+    """The :class:`GramProblem` of :func:`random_split_rows`'s split, and the test labels."""
+    Xs_all, ys_all = _domain_gram(source, "l2_zscore")
+    Xt_all, yt_all = _domain_gram(target, "l2_zscore")
+    src, lab, test = random_split_rows(ys_all, yt_all, source, target, k, seed)
     prob = GramProblem.from_features(
         Xs_all[src], ys_all[src], Xt_all[lab], yt_all[lab], Xt_all[test]
     )
