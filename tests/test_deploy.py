@@ -10,6 +10,9 @@ in ``test_register_after_real_study`` (marked ``slow`` and ``ray``).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -367,7 +370,7 @@ def test_predict_feature_store_and_zarr_array(registered, tmp_path):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda X: X[:, :5], "does not match expected shape (-1, 20)"),
+        (lambda X: X[:, :5], "has 5 features, but model models:/io@champion is expecting 20"),
         (lambda X: np.where(np.arange(X.size).reshape(X.shape) == 3 * DIM + 2, np.nan, X),
          "NaN or Inf in 1 row(s): 3"),
     ],
@@ -390,9 +393,6 @@ def test_predict_unknown_model(registered, tmp_path, capsys):
 
 def test_deploy_core_needs_no_study_or_engine():
     """The served code path imports numpy-only modules (shipped as code_paths)."""
-    import subprocess
-    import sys
-
     code = (
         "import sys; import mmdtl2_dist.core.adapter; "
         "bad = [m for m in ('ray', 'zarr', 'scipy', 'sklearn', 'osqp', 'mlflow') "
@@ -400,6 +400,134 @@ def test_deploy_core_needs_no_study_or_engine():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# A sitecustomize that makes scikit-learn and scipy unimportable in a whole interpreter.
+BLOCK_SKLEARN_SCIPY = """
+import sys
+
+
+class BlockSklearnScipy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("sklearn", "scipy"):
+            raise ImportError(f"{name} is blocked: the deployed model must not need it")
+        return None
+
+
+sys.meta_path.insert(0, BlockSklearnScipy())
+"""
+
+PREDICT_FROM_ARTIFACTS = """
+import sys
+import numpy as np
+import mlflow
+
+model_dir, x_path, out_path = sys.argv[1:4]
+try:
+    import sklearn  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("the blocker did not load")
+model = mlflow.pyfunc.load_model(model_dir)
+pred = model.predict(np.load(x_path))
+import mmdtl2_dist
+
+assert mmdtl2_dist.__file__.startswith(model_dir), mmdtl2_dist.__file__  # the shipped copy
+assert not [m for m in sys.modules if m.split(".")[0] in ("sklearn", "scipy")]
+np.save(out_path, pred[[c for c in pred.columns if c.startswith("score_")]].to_numpy())
+"""
+
+
+def test_logged_model_predicts_without_sklearn_or_scipy(registered, tmp_path):
+    """A prediction, not just imports: the logged model from its artifact folder, in an
+    interpreter where importing scikit-learn or scipy raises ImportError."""
+    import mlflow
+
+    uri = uri_of(registered)
+    mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
+        "io", "champion"
+    )
+    with use_tracking_uri(uri):
+        model_dir = mlflow.artifacts.download_artifacts(mv.source, dst_path=str(tmp_path / "m"))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_SKLEARN_SCIPY)
+    X = target_samples(registered)
+    np.save(tmp_path / "X.npy", X)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    result = subprocess.run(
+        [sys.executable, "-c", PREDICT_FROM_ARTIFACTS, model_dir, str(tmp_path / "X.npy"),
+         str(tmp_path / "scores.npy")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    want = reference_estimator(registered).decision_function(X)
+    np.testing.assert_array_equal(np.load(tmp_path / "scores.npy"), want)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([[0.5, True], [0.1, 0.2]], "holds bool True at row 0, column 1"),
+        ([[0.5, 0.1], [0.1, "1.5"]], "holds str '1.5' at row 1, column 1"),
+        (np.array([["0.5", "1"]]), "holds strings, e.g. '0.5' at row 0, column 0"),
+        (np.array([[True, False]]), "holds booleans"),
+        ([[0.5, 0.1], [0.2]], "rows of different lengths"),
+        ([[0.5, None]], "NaN or Inf in 1 row(s): 0"),
+        ([[]], "has 0 features, but the adapter is expecting 2"),
+        (np.zeros((0, 2)), "has no samples"),
+        (np.zeros(2), "must be 2-D"),
+    ],
+)
+def test_adapter_refuses_what_is_not_a_number(rows, message):
+    est = MMDTL2().fit_domains(
+        np.eye(4, 2) + 0.1, [0, 1, 0, 1], np.eye(4, 2)[::-1] + 0.2, [0, 1, 0, 1]
+    )
+    with pytest.raises(ValueError) as err:
+        est.adapter_.decision_function(rows)
+    assert message in str(err.value)
+    # numbers of every kind are accepted, and agree with the float64 array
+    ref = est.adapter_.decision_function(np.array([[1.0, 2.0]]))
+    for same in ([[1, 2.0]], [[np.int32(1), np.float32(2)]], np.array([[1, 2]])):
+        np.testing.assert_array_equal(est.adapter_.decision_function(same), ref)
+
+
+def test_register_logs_without_mlflow_type_hint_warning(fresh_study, capfd):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["register", str(fresh_study), "--name", "quiet", "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert "type hints" not in out + err
+    assert not [w for w in caught if "type hint" in str(w.message)]
+
+
+def test_predict_wrong_dimension_says_only_what_is_wrong(registered, tmp_path, capsys):
+    np.save(tmp_path / "X5.npy", target_samples(registered)[:, :5])
+    assert _predict(registered, tmp_path / "X5.npy", tmp_path / "o.csv") == 2
+    err = capsys.readouterr().err
+    assert "X5.npy has 5 features, but model models:/io@champion is expecting 20" in err
+    assert len(err) < 400 and "[[" not in err  # no array in the message
+
+
+def test_predict_without_store_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    np.save(tmp_path / "X.npy", np.zeros((2, DIM)))
+    assert main(["predict", "--model", "models:/nowhere@champion", "X.npy"]) == 2
+    err = capsys.readouterr().err
+    assert f"no MLflow store at sqlite:///{tmp_path}/mlflow.db" in err
+    assert "neither --tracking-uri nor MLFLOW_TRACKING_URI is set" in err
+    assert "--tracking-uri sqlite:///STUDY/mlflow.db" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["X.npy"]
+    missing = tmp_path / "elsewhere" / "mlflow.db"
+    argv = ["predict", "--model", "models:/m@champion", "X.npy", "--tracking-uri"]
+    assert main([*argv, f"sqlite:///{missing}"]) == 2
+    assert f"no MLflow store at sqlite:///{missing} (--tracking-uri)" in capsys.readouterr().err
+    assert not missing.parent.exists()
 
 
 @pytest.mark.slow
