@@ -21,6 +21,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mmdtl2_dist.cli import main
+from mmdtl2_dist.cluster.loopback import mlflow_server_command
 from mmdtl2_dist.deploy.registry import use_tracking_uri
 from mmdtl2_dist.deploy.training import fit_adapter, open_study
 from mmdtl2_dist.estimators import MMDTL2
@@ -90,11 +91,13 @@ def make_store(path: Path, n=(60, 45), seed=0) -> Path:
     return path
 
 
-def record_study(folder: Path) -> Path:
-    """A study folder as `mmdtl2 study run` leaves it, with the ACCURACY results."""
+def record_study(folder: Path, tracking_uri: str | None = None) -> Path:
+    """A study folder as `mmdtl2 study run` leaves it, with the ACCURACY results (logged
+    to ``tracking_uri`` when given, else to the study's own SQLite store)."""
     folder.mkdir(parents=True, exist_ok=True)
     store = make_store(folder / "store.zarr")
-    (folder / "spec.toml").write_text(SPEC)
+    tracking = f'[tracking]\nuri = "{tracking_uri}"\n' if tracking_uri else ""
+    (folder / "spec.toml").write_text(SPEC + tracking)
     spec = load_spec(folder / "spec.toml", output=folder / "out")
     spec.output.mkdir()
     _write_state(spec, {})
@@ -565,3 +568,153 @@ def test_register_after_real_study(tmp_path):
         fs.read("cam_a", "f"), np.arange(60) % 3 + 1, fs.read("cam_b", "f"), np.arange(45) % 3 + 1
     )
     np.testing.assert_array_equal(pd.read_parquet(pred)["label"], est.predict(X))
+
+
+# -- an MLflow server with authentication -------------------------------------------------
+
+# The documented configuration of the auth app, with its shared folder made local.
+AUTH_INI = Path(__file__).resolve().parents[1] / "cluster" / "mlflow-auth.ini"
+ADMIN = ("admin", "admin-Pw-0123456789")
+TRAINER = ("trainer", "trainer-Pw-0123456789")
+READER = ("reader", "reader-Pw-0123456789")
+
+
+def _http(url: str, method: str = "GET", body: bytes | None = None, user=None) -> int:
+    """Status of one HTTP request to the test server, with basic auth for ``user``."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if user:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(user).encode()).decode()
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _answers(url: str) -> bool:
+    try:
+        return _http(url) == 200
+    except OSError:  # not listening yet
+        return False
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    """``mlflow server --app-name basic-auth`` on loopback as documented (docs/deploy.md,
+    "Authentication"; cluster/mlflow-auth.ini), with users ``trainer`` and ``reader``."""
+    import signal
+    import socket
+    import time
+
+    folder = tmp_path_factory.mktemp("auth")
+    ini = AUTH_INI.read_text().replace("/mnt/shared/mmdtl2", str(folder))
+    (folder / "basic_auth.ini").write_text(ini)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        MLFLOW_AUTH_CONFIG_PATH=str(folder / "basic_auth.ini"),
+        MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN[1],
+        MLFLOW_FLASK_SERVER_SECRET_KEY="test-secret-key-0123456789",
+    )
+    cmd = [*mlflow_server_command(folder, port), "--workers", "1"]  # the documented command
+    cmd[0] = str(Path(sys.executable).with_name("mlflow"))
+    log = folder / "server.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while not _answers(f"{uri}/health"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"mlflow server --app-name basic-auth did not start:\n{log.read_text()}"
+                )
+            time.sleep(1)
+        for name, password in (TRAINER, READER):
+            body = json.dumps({"username": name, "password": password}).encode()
+            assert _http(f"{uri}/api/2.0/mlflow/users/create", "POST", body, ADMIN) == 200
+        yield uri, folder
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own session: its workers too
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _login(monkeypatch, user) -> None:
+    if user is None:
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user[0])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", user[1])
+
+
+@pytest.mark.slow
+def test_auth_server_refuses_anonymous_writes(auth_server):
+    uri, _ = auth_server
+    api = f"{uri}/api/2.0/mlflow"
+    create = json.dumps({"name": "anonymous"}).encode()
+    assert _http(f"{api}/experiments/create", "POST", create) == 401
+    assert _http(f"{api}/registered-models/create", "POST", create) == 401
+    assert _http(f"{uri}/api/2.0/mlflow-artifacts/artifacts/0/x/model_code.py", "PUT", b"x") == 401
+    assert _http(f"{api}/registered-models/search") == 401
+    assert _http(f"{api}/experiments/create", "POST", create, ("admin", "wrong")) == 401
+
+
+@pytest.mark.slow
+def test_register_and_predict_with_credentials(auth_server, tmp_path, monkeypatch, capsys):
+    uri, folder = auth_server
+    _login(monkeypatch, TRAINER)
+    study = record_study(tmp_path / "s", tracking_uri=uri)  # trials logged as the trainer
+    assert main(["register", str(study), "--name", "secure", "--quiet"]) == 0
+    assert "models:/secure@champion" in capsys.readouterr().out
+
+    # A prediction host with read-only credentials: the model, exactly.
+    _login(monkeypatch, READER)
+    X = target_samples(study)
+    np.save(tmp_path / "X.npy", X)
+    argv = ["predict", "--model", "models:/secure@champion", str(tmp_path / "X.npy"),
+            "-o", str(tmp_path / "p.parquet"), "--tracking-uri", uri, "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    scores = pd.read_parquet(tmp_path / "p.parquet")[[f"score_{c}" for c in CLASS_NAMES]]
+    np.testing.assert_array_equal(
+        scores.to_numpy(), reference_estimator(study).decision_function(X)
+    )
+
+    # ... which can neither register a version, nor move the alias, nor change the code.
+    assert main(["register", str(study), "--name", "secure", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and "write access to experiment" in err
+    assert "MLFLOW_TRACKING_USERNAME" in err
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException, match="403"):
+        client.set_registered_model_alias("secure", "champion", "1")
+    code = next((folder / "mlartifacts").rglob("model_code.py"))
+    path = code.relative_to(folder / "mlartifacts").as_posix()
+    put = f"{uri}/api/2.0/mlflow-artifacts/artifacts/{path}"
+    before = code.read_bytes()
+    assert _http(put, "PUT", b"raise SystemExit('replaced')", READER) == 403
+    assert code.read_bytes() == before
+    versions = client.search_model_versions("name = 'secure'")
+    assert [v.version for v in versions] == ["1"]
+
+    # No credentials: refused, with what to set.
+    _login(monkeypatch, None)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot load model 'models:/secure@champion'" in err and "401" in err
+    assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in err

@@ -112,22 +112,38 @@ def model_store_uri(model_uri: str, tracking_uri: str | None = None) -> str:
 
 
 @contextmanager
-def model_lookup(model_uri: str, uri: str):
-    """Use ``uri`` inside the block; an MLflow error becomes a ValueError saying what to fix."""
+def mlflow_errors_explained(uri: str, action: str, needs: str, otherwise: str | None = None):
+    """An MLflow error inside the block becomes a ValueError saying what to fix.
+
+    A refusal by the server (HTTP 401 or 403: authentication on, see docs/deploy.md) says
+    which credentials are needed; any other error is re-raised as it is, or explained with
+    ``otherwise`` when given.
+    """
     import mlflow
 
     try:
-        with use_tracking_uri(uri):
-            yield
+        yield
     except mlflow.exceptions.MlflowException as exc:
-        hint = "Check the name and alias, or pass --tracking-uri."
-        if exc.get_http_status_code() in (401, 403):
-            hint = (
-                "The server wants credentials with read access to the model: export "
+        denied = exc.get_http_status_code() in (401, 403)
+        if not denied and otherwise is None:
+            raise
+        fix = otherwise
+        if denied:
+            fix = (
+                f"The server wants the credentials of a user with {needs}: export "
                 "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD."
             )
-        msg = f"cannot load model {model_uri!r} from {uri}: {exc.message}. {hint}"
-        raise ValueError(msg) from exc
+        raise ValueError(f"cannot {action} at {uri}: {exc.message}. {fix}") from exc
+
+
+def model_lookup(model_uri: str, uri: str):
+    """Use ``uri`` inside the block; MLflow errors explained for a model that is read."""
+    return mlflow_errors_explained(
+        uri,
+        f"load model {model_uri!r}",
+        "read access to the model",
+        otherwise="Check the name and alias, or pass --tracking-uri.",
+    )
 
 
 def load_registered_model(model_uri: str, tracking_uri: str | None = None):
@@ -135,7 +151,7 @@ def load_registered_model(model_uri: str, tracking_uri: str | None = None):
     import mlflow
 
     uri = model_store_uri(model_uri, tracking_uri)
-    with model_lookup(model_uri, uri):
+    with model_lookup(model_uri, uri), use_tracking_uri(uri):
         return mlflow.pyfunc.load_model(model_uri)
 
 
@@ -144,7 +160,7 @@ def download_registered_model(model_uri: str, tracking_uri: str | None, dst: str
     import mlflow
 
     uri = model_store_uri(model_uri, tracking_uri)
-    with model_lookup(model_uri, uri):
+    with model_lookup(model_uri, uri), use_tracking_uri(uri):
         return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=dst)
 
 
