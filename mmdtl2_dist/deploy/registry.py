@@ -73,9 +73,8 @@ def tracking_uri_and_origin(tracking_uri: str | None) -> tuple[str, str]:
         return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
     import mlflow
 
-    return mlflow.get_tracking_uri(), "MLflow's default: neither --tracking-uri nor " + (
-        "MLFLOW_TRACKING_URI is set"
-    )
+    default = "MLflow's default: neither --tracking-uri nor MLFLOW_TRACKING_URI is set"
+    return mlflow.get_tracking_uri(), default
 
 
 def local_store_path(uri: str) -> Path | None:
@@ -137,7 +136,7 @@ def mlflow_errors_explained(uri: str, action: str, needs: str, otherwise: str | 
 
 
 def model_lookup(model_uri: str, uri: str):
-    """Use ``uri`` inside the block; MLflow errors explained for a model that is read."""
+    """MLflow errors inside the block explained for a model read from ``uri``."""
     return mlflow_errors_explained(
         uri,
         f"load model {model_uri!r}",
