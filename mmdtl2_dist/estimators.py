@@ -18,7 +18,13 @@ domain are scored by the source classifier instead (same feature space only).
 
 Preprocessing (``preprocessing=``) is fitted per device on the samples given to ``fit``
 (source rows and target rows separately) and frozen; see
-:mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used.
+:mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used. The
+preprocessed features of each device must have squared norms that float64 can hold beside
+the bias constant 1 (:func:`~mmdtl2_dist.core.preprocessing.check_scale`); ``"l2"`` and
+``"l2_zscore"`` are scale-free, ``"none"`` is not.
+
+``fit``, ``fit_domains``, ``predict``, ``decision_function``, ``score`` and ``transform``
+run with one BLAS/OpenMP thread (:mod:`mmdtl2_dist.core.threads`).
 """
 
 from __future__ import annotations
@@ -101,6 +107,16 @@ def _check_label_types(ys, yt) -> None:
             "labels must be one type on both devices: convert one of them, e.g. "
             "yt.astype(ys.dtype) or both .astype(str)."
         )
+
+
+def _preprocessed(X, pre, name: str):
+    """``X`` through the fitted preprocessing ``pre``, its scale checked (None stays None)."""
+    if X is None:
+        return None
+    Xp = pre.transform(X)
+    with np.errstate(over="ignore"):  # an overflow is what check_scale reports
+        check_scale(np.einsum("ij,ij->i", Xp, Xp), name)
+    return Xp
 
 
 def _n_rows(X) -> int:
@@ -189,18 +205,11 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         method = getattr(self, "preprocessing", "none")
         self.source_preprocessing_ = None if Xs is None else fit_preprocessing(Xs, method)
         self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt, method)
-        out = []
-        for X, pre, name in (
-            (Xs, self.source_preprocessing_, "Xs (source features"),
-            (Xt, self.target_preprocessing_, "Xt (target features"),
-        ):
-            Xp = None if X is None else pre.transform(X)
-            if Xp is not None:
-                with np.errstate(over="ignore"):
-                    sq = np.einsum("ij,ij->i", Xp, Xp)
-                check_scale(sq, f"{name} after preprocessing={method!r})")
-            out.append(Xp)
-        return tuple(out)
+        after = f"after preprocessing={method!r}"
+        return (
+            _preprocessed(Xs, self.source_preprocessing_, f"Xs (source features {after})"),
+            _preprocessed(Xt, self.target_preprocessing_, f"Xt (target features {after})"),
+        )
 
     @one_thread
     def decision_function(self, X, sample_domain=None):

@@ -4,14 +4,16 @@ A fit is a long sequence of small dense operations: eigen-decompositions of the 
 target kernel, Cholesky factors of QP active sets of a few hundred variables, Grams of a
 few hundred samples, coordinate-descent sweeps. A multi-threaded BLAS adds a
 synchronisation to each of them and, on a machine whose cores are busy, its spinning
-threads compete with the work: the README's first estimator fit (230 Office-Caltech10
-samples) takes seconds with one thread and minutes with two on a loaded 2-core machine.
-Even the largest products the library forms in memory (the kernel between the labelled
-target samples and a batch to score, the Gram of a few thousand samples) ran slower with
-two threads than with one under load, and gain at most the core count when idle
-(``benchmarks/bench_threads.py`` measures both). Parallelism in this product comes from
-processes instead (Ray workers, the Office-Caltech10 runner's worker processes), one per
-core, which is where it scales.
+threads compete with the work. ``benchmarks/bench_threads.py`` measures it on a shared
+2-core machine (load average 11-28 throughout, from other jobs): the README's first
+estimator fit (230 Office-Caltech10 samples) took 7-21 s with one thread and more than
+300 s with the default two. The largest products the library forms in memory were no
+case for more threads there either: the kernel between 30 training targets and a batch of
+4,000 samples to score (L = 4,096) took 1.7-2.4 times as long with two threads, the Gram
+of 2,000 such samples 1.5 times as long, or 10 % less with CPU burners on both cores. On an
+idle many-core machine such products could gain up to the core count, but the product
+parallelises across processes instead (Ray workers, the Office-Caltech10 runner's worker
+processes), one per core, where it scales without oversubscription.
 
 So every entry point (estimator ``fit``/``predict``/``transform``, the Gram-form
 :func:`~mmdtl2_dist.core.methods.fit_predict`,
