@@ -18,7 +18,13 @@ domain are scored by the source classifier instead (same feature space only).
 
 Preprocessing (``preprocessing=``) is fitted per device on the samples given to ``fit``
 (source rows and target rows separately) and frozen; see
-:mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used.
+:mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used. The
+preprocessed features of each device must have squared norms that float64 can hold beside
+the bias constant 1 (:func:`~mmdtl2_dist.core.preprocessing.check_scale`); ``"l2"`` and
+``"l2_zscore"`` are scale-free, ``"none"`` is not.
+
+``fit``, ``fit_domains``, ``predict``, ``decision_function``, ``score`` and ``transform``
+run with one BLAS/OpenMP thread (:mod:`mmdtl2_dist.core.threads`).
 """
 
 from __future__ import annotations
@@ -32,8 +38,14 @@ from sklearn.utils.validation import check_is_fitted
 from mmdtl2_dist.core.adapter import AdapterState, check_features
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.methods import GramProblem, default_params
-from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram
-from mmdtl2_dist.core.preprocessing import fit_preprocessing
+from mmdtl2_dist.core.mmdtl2 import (
+    MMDTL2Params,
+    check_weights,
+    fit_mmdtl2_gram,
+    hinge_weights_named,
+)
+from mmdtl2_dist.core.preprocessing import check_scale, fit_preprocessing
+from mmdtl2_dist.core.threads import one_thread
 
 MAX_EXPLICIT_W = 50_000_000  # entries of an explicit W (400 MB of doubles)
 
@@ -51,8 +63,60 @@ def _check_labels(y, n: int, name: str) -> np.ndarray:
         )
     if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
         raise ValueError(f"{name} contains NaN or Inf labels; drop unlabelled samples.")
+    _label_kind(y, name)
     check_classification_targets(y)
     return y
+
+
+def _label_kind(y: np.ndarray, name: str) -> str:
+    """``"str"`` or ``"number"``: the one type of the labels ``y``; ValueError if mixed.
+
+    Labels of mixed types (``"a"`` and ``0``) cannot be sorted into classes, and numpy
+    would turn the numbers into strings beside string labels (``0`` → ``"0"``).
+    """
+    if y.dtype.kind in "US":
+        return "str"
+    if y.dtype.kind != "O":
+        return "number"
+    is_str = {isinstance(v, str | bytes) for v in y.ravel()}
+    if len(is_str) > 1:
+        raise ValueError(
+            f"{name} mixes string and non-string labels (e.g. {_first(y, True)!r} and "
+            f"{_first(y, False)!r}); labels must all be one type: convert them, e.g. "
+            f"{name}.astype(str)."
+        )
+    return "str" if is_str == {True} else "number"
+
+
+def _first(y: np.ndarray, want_str: bool):
+    """The first label of ``y`` that is (or is not) a string, as a plain Python value."""
+    v = next(v for v in y.ravel() if isinstance(v, str | bytes) == want_str)
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _check_label_types(ys, yt) -> None:
+    """Source and target labels must be of one type (``0`` and ``"0"`` are not one class)."""
+    if ys is None or yt is None or len(ys) == 0 or len(yt) == 0:
+        return
+    ks, kt = _label_kind(ys, "ys"), _label_kind(yt, "yt")
+    if ks != kt:
+        raise ValueError(
+            f"source labels are {'strings' if ks == 'str' else 'numbers'} but target labels "
+            f"are {'strings' if kt == 'str' else 'numbers'} (e.g. {ys[:1].tolist()[0]!r} and "
+            f"{yt[:1].tolist()[0]!r}); "
+            "labels must be one type on both devices: convert one of them, e.g. "
+            "yt.astype(ys.dtype) or both .astype(str)."
+        )
+
+
+def _preprocessed(X, pre, name: str):
+    """``X`` through the fitted preprocessing ``pre``, its scale checked (None stays None)."""
+    if X is None:
+        return None
+    Xp = pre.transform(X)
+    with np.errstate(over="ignore"):  # an overflow is what check_scale reports
+        check_scale(np.einsum("ij,ij->i", Xp, Xp), name)
+    return Xp
 
 
 def _n_rows(X) -> int:
@@ -89,12 +153,14 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
     _needs_source = True
     _needs_target = True
 
+    @one_thread
     def fit(self, X, y, sample_domain=None):
         """Fit on source and labelled target samples (skada's ``sample_domain``)."""
         Xs, ys, Xt, yt = split_domains(X, y, sample_domain)
         return self.fit_domains(Xs, ys, Xt, yt)
 
     def _validate_domains(self, Xs, ys, Xt, yt):
+        check_weights(self.get_params(deep=False))
         if self._needs_source:
             if Xs is None or _n_rows(Xs) == 0:
                 raise ValueError(
@@ -111,6 +177,8 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
                 )
             Xt = check_features(Xt, None, "Xt")
             yt = _check_labels(yt, Xt.shape[0], "yt")
+        if self._needs_source and self._needs_target:
+            _check_label_types(ys, yt)
         labels = [a for a in (ys if self._needs_source else None, yt) if a is not None]
         classes = np.unique(np.concatenate(labels)) if labels else np.array([])
         if classes.size < 2:
@@ -129,10 +197,21 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         return Xs, ys, Xt, yt, classes
 
     def _fit_preprocessing(self, Xs, Xt):
+        """Fit each device's preprocessing; return the preprocessed ``Xs``, ``Xt`` (or None).
+
+        Both are checked for a scale float64 can fit on
+        (:func:`~mmdtl2_dist.core.preprocessing.check_scale`).
+        """
         method = getattr(self, "preprocessing", "none")
         self.source_preprocessing_ = None if Xs is None else fit_preprocessing(Xs, method)
         self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt, method)
+        after = f"after preprocessing={method!r}"
+        return (
+            _preprocessed(Xs, self.source_preprocessing_, f"Xs (source features {after})"),
+            _preprocessed(Xt, self.target_preprocessing_, f"Xt (target features {after})"),
+        )
 
+    @one_thread
     def decision_function(self, X, sample_domain=None):
         """Class scores of target samples (or source rows, see module docstring).
 
@@ -156,11 +235,13 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         out[sd > 0] = self._source_scores(X[sd > 0])
         return out
 
+    @one_thread
     def predict(self, X, sample_domain=None):
         """Predicted class labels."""
         check_is_fitted(self)
         return self.classes_[np.argmax(self._scores(X, sample_domain), axis=1)]
 
+    @one_thread
     def score(self, X, y, sample_domain=None, sample_weight=None):
         """Accuracy on target samples."""
         from sklearn.metrics import accuracy_score
@@ -180,7 +261,8 @@ class _LinearSVMBase(_AdaptationBase):
     def _fit_svm(self, V, y_enc, cost):
         from mmdtl2_dist.core.mmdt import linear_svm
 
-        Theta, b = linear_svm(V, y_enc, len(self.classes_), cost, self.qp_solver, self.qp_tol)
+        with hinge_weights_named(self.get_params(deep=False)):
+            Theta, b = linear_svm(V, y_enc, len(self.classes_), cost, self.qp_solver, self.qp_tol)
         self.coef_ = Theta.T  # (K, L)
         self.intercept_ = b
         return self
@@ -207,6 +289,7 @@ class TargetSVM(_LinearSVMBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
+    @one_thread
     def fit(self, X, y, sample_domain=None):
         if sample_domain is not None:
             sd = np.asarray(sample_domain).reshape(-1)
@@ -217,13 +300,13 @@ class TargetSVM(_LinearSVMBase):
             return self.fit_domains(None, None, X[sd < 0], y[sd < 0])
         return self.fit_domains(None, None, X, y)
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Fit on the labelled target samples (source arguments ignored)."""
         _, _, Xt, yt, classes = self._validate_domains(None, None, Xt, yt)
         self.classes_ = classes
-        self._fit_preprocessing(None, Xt)
+        _, V = self._fit_preprocessing(None, Xt)
         self.n_features_in_ = Xt.shape[1]
-        V = self.target_preprocessing_.transform(Xt)
         return self._fit_svm(V, np.searchsorted(classes, yt), np.full(len(yt), self.c_t))
 
     def _target_scores(self, X):
@@ -247,6 +330,7 @@ class SourceSVM(_LinearSVMBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt=None, yt=None):
         """Fit on source samples and (optionally) labelled target samples."""
         has_t = Xt is not None and _n_rows(Xt) > 0
@@ -254,14 +338,14 @@ class SourceSVM(_LinearSVMBase):
         if has_t:
             Xt = check_features(Xt, Xs.shape[1], "Xt")
             yt = _check_labels(yt, Xt.shape[0], "yt")
+            _check_label_types(ys, yt)
         else:
             Xt, yt = np.zeros((0, Xs.shape[1])), ys[:0]
         self.classes_ = np.unique(np.r_[ys, yt])
-        self._fit_preprocessing(Xs, Xt if has_t else None)
+        V, Vt = self._fit_preprocessing(Xs, Xt if has_t else None)
         self.n_features_in_ = Xs.shape[1]
-        V = self.source_preprocessing_.transform(Xs)
         if has_t:
-            V = np.vstack([V, self.target_preprocessing_.transform(Xt)])
+            V = np.vstack([V, Vt])
         cost = np.r_[np.full(len(ys), self.c_s), np.full(len(yt), self.c_t)]
         return self._fit_svm(V, np.searchsorted(self.classes_, np.r_[ys, yt]), cost)
 
@@ -380,6 +464,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.select = select
         self.allow_target_only_classes = allow_target_only_classes
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Fit on source ``(Xs, ys)`` and labelled target ``(Xt, yt)`` samples.
 
@@ -387,9 +472,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         """
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
         self.classes_ = classes
-        self._fit_preprocessing(Xs, Xt)
-        Xs_p = self.source_preprocessing_.transform(Xs)
-        Xt_p = self.target_preprocessing_.transform(Xt)
+        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt)
         self.n_features_in_ = Xt.shape[1]
         self.n_source_features_ = Xs.shape[1]
         self.selection_ = None
@@ -523,6 +606,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         X = check_features(X, self.n_source_features_, owner=type(self).__name__)
         return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
 
+    @one_thread
     def transform(self, X):
         """Map target samples into the source space: ``W x̂`` (n, Ls).
 
@@ -538,6 +622,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             WX += _apply_prior(self._prior, Xp, WX.shape[1])
         return WX
 
+    @one_thread
     def transform_matrix(self) -> np.ndarray:
         """The explicit ``W`` (Ls, Lt + 1) for the linear kernel, when it is small enough."""
         check_is_fitted(self)
@@ -605,6 +690,7 @@ class MMDT(TransformerMixin, _AdaptationBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Fit on source and labelled target samples (dimensions may differ)."""
         from mmdtl2_dist.core.mmdt import fit_mmdt_explicit
@@ -616,18 +702,19 @@ class MMDT(TransformerMixin, _AdaptationBase):
                 "use MMDTL2(c_f=1, c_d=0), which never forms W."
             )
         self.classes_ = classes
-        self._fit_preprocessing(Xs, Xt)
+        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt)
         self.n_features_in_ = Xt.shape[1]
         self.n_source_features_ = Xs.shape[1]
-        W, Theta, b, n_iter = fit_mmdt_explicit(
-            self.source_preprocessing_.transform(Xs), np.searchsorted(classes, ys),
-            self.target_preprocessing_.transform(Xt), np.searchsorted(classes, yt), len(classes),
-            c_t=self.c_t, c_s=self.c_s, max_iter=self.max_iter, tol=self.tol,
-            qp_solver=self.qp_solver, qp_tol=self.qp_tol,
-        )  # fmt: skip
+        with hinge_weights_named(self.get_params(deep=False)):
+            W, Theta, b, n_iter = fit_mmdt_explicit(
+                Xs_p, np.searchsorted(classes, ys), Xt_p, np.searchsorted(classes, yt),
+                len(classes), c_t=self.c_t, c_s=self.c_s, max_iter=self.max_iter, tol=self.tol,
+                qp_solver=self.qp_solver, qp_tol=self.qp_tol,
+            )  # fmt: skip
         self.W_, self.coef_source_, self.intercept_, self.n_iter_ = W, Theta.T, b, n_iter
         return self
 
+    @one_thread
     def transform(self, X):
         """``W x̂`` (n, Ls) of target samples."""
         check_is_fitted(self)
@@ -664,16 +751,15 @@ class MMDTHoffman(_AdaptationBase):
         self.faithful = faithful
         self.preprocessing = preprocessing
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Store the preprocessed training data (the fit happens per predicted batch)."""
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
         if Xs.shape[1] != Xt.shape[1]:
             raise ValueError("MMDTHoffman needs one feature space for source and target.")
         self.classes_ = classes
-        self._fit_preprocessing(Xs, Xt)
+        self._Xs, self._Xt = self._fit_preprocessing(Xs, Xt)
         self.n_features_in_ = Xt.shape[1]
-        self._Xs = self.source_preprocessing_.transform(Xs)
-        self._Xt = self.target_preprocessing_.transform(Xt)
         self._ys, self._yt = ys, yt
         return self
 

@@ -328,3 +328,123 @@ def test_parameter_validation():
         MMDTL2(preprocessing="pca").fit_domains(Xs, ys, Xt, yt)
     with pytest.raises(ValueError, match="W0 must have shape"):
         MMDTL2(prior="matrix", W0=np.zeros((2, 2))).fit_domains(Xs, ys, Xt, yt)
+
+
+# --- extreme feature scales, label types, hinge weights, thread limits --------------------
+
+ALL_FITTED = [MMDTL2, MMDT, SourceSVM, TargetSVM, MMDTHoffman]
+
+
+@pytest.mark.parametrize("Est", ALL_FITTED)
+@pytest.mark.parametrize(
+    ("scale", "problem"),
+    [(1e200, "overflow float64"), (1e10, "squared norms up to"), (1e-10, "vanish beside")],
+)
+def test_extreme_feature_scale_is_refused_naming_the_fix(Est, scale, problem):
+    """Scaled features cannot be rescaled silently (the fit is not scale-invariant)."""
+    Xs, ys, Xt, yt, _, _ = make_devices(2)
+    with pytest.raises(ValueError, match=problem) as e:
+        Est().fit_domains(Xs * scale, ys, Xt * scale, yt)
+    assert "preprocessing='none'" in str(e.value)
+    assert "Use preprocessing='l2' or 'l2_zscore'" in str(e.value)
+
+
+@pytest.mark.parametrize("scale", [1e-200, 1e200])
+def test_scale_free_preprocessing_fits_any_finite_scale(scale):
+    """The fix the message names works: l2 / l2_zscore give the scale-1 model."""
+    Xs, ys, Xt, yt, Xq, _ = make_devices(2)
+    for pre in ("l2", "l2_zscore"):
+        ref = MMDTL2(preprocessing=pre).fit_domains(Xs, ys, Xt, yt)
+        m = MMDTL2(preprocessing=pre).fit_domains(Xs * scale, ys, Xt * scale, yt)
+        np.testing.assert_allclose(
+            m.decision_function(Xq * scale), ref.decision_function(Xq), atol=1e-8
+        )
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, SourceSVM, TargetSVM])
+def test_mixed_label_types_name_the_problem(Est):
+    Xs, ys, Xt, yt, _, _ = make_devices(3)
+    X = np.vstack([Xs, Xt])
+    y = np.array(["a"] + [0] * (len(X) - 1), dtype=object)  # first a string: sort fails
+    y[1::2] = "a"
+    sd = np.r_[np.ones(len(ys)), -np.ones(len(yt))]
+    with pytest.raises(ValueError, match="mixes string and non-string labels") as e:
+        Est().fit(X, y, sample_domain=sd)
+    assert "labels must all be one type" in str(e.value)
+    if Est is not TargetSVM:  # numbers on one device, strings on the other
+        with pytest.raises(ValueError, match="source labels are numbers but target labels"):
+            Est().fit_domains(Xs, ys, Xt, yt.astype(str))
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, MMDT, SourceSVM, MMDTHoffman])
+def test_hinge_weight_out_of_range_names_the_parameter(Est):
+    Xs, ys, Xt, yt, _, _ = make_devices(4)
+    with pytest.raises(
+        ValueError, match=r"c_s must be a positive number of at most 1e\+06, got 1e\+12"
+    ):
+        Est(c_s=1e12).fit_domains(Xs, ys, Xt, yt)
+    with pytest.raises(ValueError, match="c_t must be a positive number"):
+        Est(c_t="1").fit_domains(Xs, ys, Xt, yt)
+
+
+def test_qp_failure_inside_the_range_names_the_hinge_weights():
+    """Large (accepted) c_t on overlapping 3-d classes: the W-step QP cannot be solved."""
+    rng = np.random.default_rng(0)
+    Xs, ys = rng.normal(size=(60, 3)), rng.integers(0, 3, 60)
+    Xt, yt = rng.normal(size=(12, 3)) + 0.3, np.repeat([0, 1, 2], 4)
+    from mmdtl2_dist.core.errors import QPSolveError
+
+    with pytest.raises(QPSolveError, match="hinge weights c_s = 0.1, c_t = 100000 bound"):
+        MMDTL2(c_t=1e5).fit_domains(Xs, ys, Xt, yt)
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+
+    return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+@pytest.fixture
+def blas_seen(monkeypatch):
+    """Record the BLAS thread counts seen inside preprocessing, kernels and QPs of the core."""
+    import mmdtl2_dist.core.kernels as kernels
+    import mmdtl2_dist.core.qp as qp
+    from mmdtl2_dist.core.preprocessing import PreprocessStats
+
+    seen = []
+
+    def spy(module, name):
+        orig = getattr(module, name)
+
+        def wrapped(*a, **k):
+            seen.append(_blas_threads())
+            return orig(*a, **k)
+
+        monkeypatch.setattr(module, name, wrapped)
+
+    spy(kernels, "kernel_from_gram")
+    spy(qp, "kkt_residual")
+    spy(PreprocessStats, "transform")
+    return seen
+
+
+@pytest.mark.parametrize("Est", ALL_FITTED)
+def test_fit_and_predict_run_with_one_blas_thread_and_restore_the_limit(Est, blas_seen):
+    from threadpoolctl import threadpool_limits
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(5)
+    est = Est(pca_dim=None) if Est is MMDTHoffman else Est()
+    with threadpool_limits(2, user_api="blas"):  # the user's setting, above one thread
+        assert _blas_threads() == {2}
+        est.fit_domains(Xs, ys, Xt, yt)
+        n_fit = len(blas_seen)
+        assert _blas_threads() == {2}
+        est.predict(Xq)
+        if hasattr(est, "transform"):
+            est.transform(Xq)
+        assert _blas_threads() == {2}
+    assert 0 < n_fit < len(blas_seen)
+    assert all(s == {1} for s in blas_seen), blas_seen
+    with threadpool_limits(1, user_api="blas"):  # a user's lower limit is kept, not raised
+        est.predict(Xq)
+        assert _blas_threads() == {1}

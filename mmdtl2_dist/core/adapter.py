@@ -28,6 +28,7 @@ import numpy as np
 
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.preprocessing import PreprocessStats
+from mmdtl2_dist.core.threads import one_thread
 
 
 def check_features(
@@ -192,6 +193,7 @@ class AdapterState:
     def n_features(self) -> int:
         return int(self.X_train.shape[1])
 
+    @one_thread
     def decision_function(self, X) -> np.ndarray:
         """Scores (n, K) of raw (not yet preprocessed) target samples.
 

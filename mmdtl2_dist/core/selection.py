@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
+from mmdtl2_dist.core.threads import one_thread
 
 FOLD_SCHEMES = ("auto", "loo", "per_class")
 CRITERIA = ("auto", "hinge", "accuracy")
@@ -181,6 +182,7 @@ def sub_problem(prob: GramProblem, train: np.ndarray, held: np.ndarray) -> GramP
     )
 
 
+@one_thread
 def select_by_cv(
     method: str,
     grid: Sequence[Mapping],
