@@ -397,7 +397,7 @@ def _session_processes(pid: int) -> tuple[list[psutil.Process], list[psutil.Proc
 def test_killed_gram_command_leaves_no_ray_process(ray_local, tmp_path):
     """SIGKILL of `mmdtl2 gram` while its local Ray computes: its Ray processes stop at once.
 
-    `study run` starts its local Ray through the same function (`_ensure_ray`). The
+    `study run` starts its local Ray through the same function (`ensure_ray`). The
     Ray of this test session (``ray_local``) must survive: it is not the command's.
     """
     _store(tmp_path / "st", {"a": 400, "b": 200}, 64, chunk_rows=16)

@@ -134,8 +134,13 @@ class _Progress:
         )
 
 
-def _ensure_ray(address: str | None, num_cpus: int | None):
-    """Connect to Ray (a running session, the given cluster or a new local one)."""
+def ensure_ray(address: str | None, num_cpus: int | None):
+    """Connect to Ray (a running session, the given cluster or a new local one).
+
+    Returns ``(ray, owned)``: ``owned`` is True when this call connected or started Ray,
+    so the caller shuts it down when done. A new local Ray is guarded by the watchdog of
+    :mod:`mmdtl2_dist.engine.ray_watchdog`.
+    """
     import ray
 
     if ray.is_initialized():
@@ -429,7 +434,7 @@ def compute_gram(
         gs.last_run["seconds"] = time.monotonic() - t_start
         return gs
 
-    ray, owned = _ensure_ray(address, num_cpus)
+    ray, owned = ensure_ray(address, num_cpus)
     try:
         mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
         opts = {"num_cpus": 1, "max_retries": max_retries, "memory": int(mem)}
