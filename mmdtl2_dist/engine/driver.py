@@ -343,7 +343,6 @@ def compute_gram(
     num_cpus: int | None = None,
     max_retries: int = 3,
     max_in_flight: int | None = None,
-    _probe: dict | None = None,
 ) -> GramStore:
     """Compute the linear Gram of one feature space over all its samples, on Ray.
 
@@ -456,7 +455,7 @@ def compute_gram(
         stats_ref = ray.put(stats)
         norms_ref = ray.put(norms)
         fn = ray.remote(tasks.gram_tile_task).options(**opts)
-        submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref, _probe) for t in todo]
+        submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref) for t in todo]
         bar = _Progress(
             f"gram {space}",
             len(tiles),
