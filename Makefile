@@ -23,5 +23,6 @@ test: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
+# The quick subset of the computation-time benchmarks (< 5 min; benchmarks/results/).
 bench: $(BIN)/.installed
-	$(BIN)/mmdtl2 bench
+	$(BIN)/python benchmarks/bench_scale.py --preset quick
