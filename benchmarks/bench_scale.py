@@ -927,21 +927,13 @@ def task_e2e_engine(store: str, space: str, N: int, M: int, out: str, seed: int 
     """Features in Zarr → Ray Gram engine (whole store, once) → slice → fit → predict."""
     import shutil
 
-    import ray
-
     from mmdtl2_dist.core.methods import GramProblem, fit_predict
-    from mmdtl2_dist.engine import compute_gram
+    from mmdtl2_dist.engine import compute_gram, ensure_ray
     from mmdtl2_dist.engine.driver import GRAM_OUTPUT
     from mmdtl2_dist.store.outputs import claim_output
 
     t0 = time.perf_counter()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    ray, _ = ensure_ray(None, num_cpus=2)  # a new local Ray, as the product starts it
     t_ray = time.perf_counter() - t0
     try:
         if claim_output(out, GRAM_OUTPUT, overwrite=None):  # the Gram of an earlier run
