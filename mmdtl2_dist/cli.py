@@ -22,7 +22,6 @@ COMMAND_MODULES = [
     "mmdtl2_dist.commands.register",
     "mmdtl2_dist.commands.predict",
     "mmdtl2_dist.commands.serve",
-    "mmdtl2_dist.commands.bench",
 ]
 
 

@@ -26,8 +26,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-
-from mmdtl2_dist.cluster.loopback import (
+from loopback import (
     LoopbackCluster,
     free_ports,
     head_command,
@@ -335,13 +334,16 @@ def test_failed_job_and_missing_token(cluster, shared, tmp_path):
     assert "token" in refused.stderr and "RAY_AUTH_TOKEN" in refused.stderr
 
 
-PROBE_GRAM = """
+SLOW_GRAM = """
 import sys
 from mmdtl2_dist.engine.driver import compute_gram
 
-store, out, probe = sys.argv[1:4]
-gs = compute_gram(store, "conv3", out, tile_rows=16, address="auto", progress=False,
-                  _probe={"dir": probe, "delay": 2.0})
+store, out, probe, tests = sys.argv[1:5]
+sys.path.insert(0, tests)
+from slow_tiles import slow_gram_tiles
+
+with slow_gram_tiles(probe, delay=2.0):
+    gs = compute_gram(store, "conv3", out, tile_rows=16, address="auto", progress=False)
 print("GRAM DONE", gs.last_run if hasattr(gs, "last_run") else "")
 """
 
@@ -354,15 +356,17 @@ def test_worker_node_lost_during_gram_loses_nothing(store, tmp_path):
     from mmdtl2_dist.engine.gram_store import GramStore
     from mmdtl2_dist.store.feature_store import FeatureStore
 
-    script = tmp_path / "probe_gram.py"
-    script.write_text(PROBE_GRAM)
+    script = tmp_path / "slow_gram.py"
+    script.write_text(SLOW_GRAM)
     probe = tmp_path / "probe"
     probe.mkdir()
     out = tmp_path / "gram"
     with _cluster() as cluster:
         env = cluster.client_env()
         v = values(cluster, tmp_path)
-        entry = shlex.join(["python", str(script), str(store), str(out), str(probe)])
+        entry = shlex.join(
+            ["python", str(script), str(store), str(out), str(probe), str(ROOT / "tests")]
+        )
         started = run("mmdtl2 submit --address {address} --installed --no-wait -- " + entry, v, env)
         assert started.returncode == 0, started.stderr
         job_id = started.stdout.strip().splitlines()[-1]

@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
+from loopback import mlflow_server_command
 
 from mmdtl2_dist.cli import main
-from mmdtl2_dist.cluster.loopback import mlflow_server_command
 from mmdtl2_dist.deploy.registry import use_tracking_uri
 from mmdtl2_dist.deploy.training import fit_adapter, open_study
 from mmdtl2_dist.estimators import MMDTL2
@@ -745,3 +745,49 @@ def test_register_and_predict_with_credentials(auth_server, tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "cannot load model 'models:/secure@champion'" in err and "401" in err
     assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in err
+
+
+URIS_SET_BACK = """
+import os, sys, mlflow
+from mmdtl2_dist.deploy.registry import use_tracking_uri
+
+def state():
+    env = [os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")]
+    return [mlflow.get_tracking_uri(), mlflow.get_registry_uri(), *env]
+
+db = sys.argv[1]
+for case in ("default", "set", "environment", "registry"):
+    mlflow.set_tracking_uri(None)
+    mlflow.set_registry_uri(None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("MLFLOW_REGISTRY_URI", None)
+    if case == "set":
+        mlflow.set_tracking_uri(db + "/set.db")
+    elif case == "environment":
+        os.environ["MLFLOW_TRACKING_URI"] = db + "/env.db"
+    elif case == "registry":
+        mlflow.set_registry_uri(db + "/registry.db")
+    before = state()
+    with use_tracking_uri(db + "/inside.db"):
+        assert mlflow.get_registry_uri() == mlflow.get_tracking_uri() == db + "/inside.db"
+    assert state() == before, (case, before, state())
+    mlflow.set_tracking_uri(db + "/later.db")  # a registry URI not set follows this one
+    later = db + ("/registry.db" if case == "registry" else "/later.db")
+    assert mlflow.get_registry_uri() == later, (case, mlflow.get_registry_uri())
+print("ok")
+"""
+
+
+def test_use_tracking_uri_sets_back_the_uris_in_force(tmp_path):
+    """Default, set, from the environment, a separate registry: each is in force again
+    after the block, and a registry URI that was not set still follows the tracking URI."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    db = f"sqlite:///{tmp_path}"
+    out = subprocess.run(
+        [sys.executable, "-c", URIS_SET_BACK, db], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

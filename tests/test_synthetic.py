@@ -10,7 +10,7 @@ import pytest
 
 from mmdtl2_dist.commands import synth as synth_cmd
 from mmdtl2_dist.store import FeatureStore, SyntheticSpec, make_synthetic_store
-from mmdtl2_dist.store.synthetic import CONV3_DIM, CONV5_DIM
+from mmdtl2_dist.store.synthetic import CONV3_DIM, CONV5_DIM, synthetic_features
 
 SMALL = dict(n_source=120, n_target=60, dim=600, seed=3)
 
@@ -21,6 +21,16 @@ def test_seeded_and_layout_independent(tmp_path):
     c = make_synthetic_store(tmp_path / "c", SyntheticSpec(**{**SMALL, "seed": 4}))
     assert a.fingerprint == b.fingerprint != c.fingerprint
     assert np.array_equal(a.read("target", "conv3"), b.read("target", "conv3"))
+
+
+def test_in_memory_features_are_the_stored_ones(tmp_path):
+    spec = SyntheticSpec(**SMALL, target_dim=250)
+    fs = make_synthetic_store(tmp_path / "s", spec)
+    for index, device, space in ((0, "source", "conv3"), (1, "target", "conv5")):
+        X, y = synthetic_features(spec, index, dtype=np.float64)
+        assert X.dtype == np.float64 and np.array_equal(X, fs.read(device, space))
+        md = fs.metadata[fs.metadata.device == device].sort_values("row")
+        assert np.array_equal(y, md["label"].to_numpy())
 
 
 def test_cnn_like_with_class_structure_and_groups(tmp_path):

@@ -41,23 +41,20 @@ def use_tracking_uri(uri: str | None):
     A library call must not change the process-wide URIs for good.
     """
     import mlflow
-    from mlflow.tracking._model_registry import utils as registry_utils
-    from mlflow.tracking._tracking_service import utils as tracking_utils
 
     if not uri:
         yield
         return
-    # set_*_uri also export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI: restore those too.
+    # set_*_uri export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI, so these variables hold
+    # the URIs in force (None: MLflow's default); both are set back, the variables too.
     env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    old_t = getattr(tracking_utils, "_tracking_uri", None)
-    old_r = getattr(registry_utils, "_registry_uri", None)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(old_t)
-        registry_utils._registry_uri = old_r
+        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+        mlflow.set_registry_uri(env["MLFLOW_REGISTRY_URI"])
         for k, v in env.items():
             if v is None:
                 os.environ.pop(k, None)

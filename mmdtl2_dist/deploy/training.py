@@ -120,9 +120,9 @@ def choose_pair(handle: StudyHandle, pair: str | None) -> tuple[str, str]:
 
 def pair_metric(source: str, target: str) -> str:
     """The MLflow metric of a trial's mean accuracy on one pair."""
-    from mmdtl2_dist.study.tracking import _metric_key
+    from mmdtl2_dist.study.tracking import metric_key
 
-    return f"accuracy_pair/{_metric_key(f'{source}->{target}')}"
+    return f"accuracy_pair/{metric_key(f'{source}->{target}')}"
 
 
 def _trial_runs(handle: StudyHandle) -> list:

@@ -1,7 +1,15 @@
 """Distributed Gram engine on Ray: out-of-core, resumable, deterministic Gram matrices."""
 
-from mmdtl2_dist.engine.driver import compute_gram
+from mmdtl2_dist.engine.driver import compute_gram, ensure_ray
 from mmdtl2_dist.engine.gram_store import GramStore
 from mmdtl2_dist.engine.plan import Tile, feature_blocks, gram_tile_plan, row_segments
 
-__all__ = ["GramStore", "Tile", "compute_gram", "feature_blocks", "gram_tile_plan", "row_segments"]
+__all__ = [
+    "GramStore",
+    "Tile",
+    "compute_gram",
+    "ensure_ray",
+    "feature_blocks",
+    "gram_tile_plan",
+    "row_segments",
+]

@@ -134,8 +134,13 @@ class _Progress:
         )
 
 
-def _ensure_ray(address: str | None, num_cpus: int | None):
-    """Connect to Ray (a running session, the given cluster or a new local one)."""
+def ensure_ray(address: str | None, num_cpus: int | None):
+    """Connect to Ray (a running session, the given cluster or a new local one).
+
+    Returns ``(ray, owned)``: ``owned`` is True when this call connected or started Ray,
+    so the caller shuts it down when done. A new local Ray is guarded by the watchdog of
+    :mod:`mmdtl2_dist.engine.ray_watchdog`.
+    """
     import ray
 
     if ray.is_initialized():
@@ -338,7 +343,6 @@ def compute_gram(
     num_cpus: int | None = None,
     max_retries: int = 3,
     max_in_flight: int | None = None,
-    _probe: dict | None = None,
 ) -> GramStore:
     """Compute the linear Gram of one feature space over all its samples, on Ray.
 
@@ -429,7 +433,7 @@ def compute_gram(
         gs.last_run["seconds"] = time.monotonic() - t_start
         return gs
 
-    ray, owned = _ensure_ray(address, num_cpus)
+    ray, owned = ensure_ray(address, num_cpus)
     try:
         mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
         opts = {"num_cpus": 1, "max_retries": max_retries, "memory": int(mem)}
@@ -451,7 +455,7 @@ def compute_gram(
         stats_ref = ray.put(stats)
         norms_ref = ray.put(norms)
         fn = ray.remote(tasks.gram_tile_task).options(**opts)
-        submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref, _probe) for t in todo]
+        submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref) for t in todo]
         bar = _Progress(
             f"gram {space}",
             len(tiles),

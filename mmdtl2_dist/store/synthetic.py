@@ -154,6 +154,26 @@ def synthetic_shards(spec: SyntheticSpec, device_index: int, shard_rows: int = 2
         yield x
 
 
+def synthetic_features(
+    spec: SyntheticSpec, device_index: int, dtype=np.float32
+) -> tuple[np.ndarray, np.ndarray]:
+    """The features and labels of one device in memory: the rows a store of ``spec`` holds.
+
+    Shards are copied into one preallocated array of ``dtype`` as they are drawn, so the
+    peak is that array plus one shard (benchmarks time methods on these features without
+    a store). Returns ``X`` (n, dim) and the labels (n,), ``0 .. n_classes - 1``.
+    """
+    n = spec.n_source if device_index == 0 else spec.n_target
+    own = device_index == 1 and spec.target_dim is not None
+    X = np.empty((n, spec.target_dim if own else spec.dim), dtype=dtype)
+    r0 = 0
+    for shard in synthetic_shards(spec, device_index):
+        X[r0 : r0 + len(shard)] = shard
+        r0 += len(shard)
+    labels, _ = _labels_and_groups(spec, n, device_index)
+    return X, labels
+
+
 def make_synthetic_store(
     path: str | os.PathLike,
     spec: SyntheticSpec | None = None,

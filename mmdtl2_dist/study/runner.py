@@ -383,7 +383,7 @@ def _study_plan(
 
 def _ensure_ray(address: str | None, num_cpus: int | None):
     """Connect to Ray exactly as the Gram engine does (one place for the init options)."""
-    from mmdtl2_dist.engine.driver import _ensure_ray as engine_ensure_ray
+    from mmdtl2_dist.engine import ensure_ray as engine_ensure_ray
 
     return engine_ensure_ray(address, num_cpus)
 

@@ -62,7 +62,8 @@ def code_version() -> str:
         return version
 
 
-def _metric_key(s: str) -> str:
+def metric_key(s: str) -> str:
+    """``s`` as an MLflow metric name: ``->`` becomes ``_to_``, other symbols ``_``."""
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in s.replace("->", "_to_"))
 
 
@@ -81,11 +82,11 @@ def trial_metrics(payload: dict) -> list[tuple[str, float, int]]:
     ]
     for pair in dict.fromkeys(u["pair"] for u in units):
         a = [u["accuracy"] for u in units if u["pair"] == pair]
-        out.append((f"accuracy_pair/{_metric_key(pair)}", float(np.mean(a)), 0))
+        out.append((f"accuracy_pair/{metric_key(pair)}", float(np.mean(a)), 0))
     classes = sorted({k for u in units for k in u.get("per_class", {})}, key=str)
     for k in classes:
         v = [u["per_class"][k] for u in units if k in u.get("per_class", {})]
-        out.append((f"accuracy_class/{_metric_key(str(k))}", float(np.mean(v)), 0))
+        out.append((f"accuracy_class/{metric_key(str(k))}", float(np.mean(v)), 0))
     objectives = [u.get("info", {}).get("objective") for u in units]
     objectives = [o for o in objectives if isinstance(o, list) and o]
     if objectives:

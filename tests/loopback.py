@@ -6,9 +6,9 @@ that node started (its raylet, agents and workers), never other Ray clusters run
 the same machine. Token authentication is on, with a fresh token passed to the nodes in
 ``RAY_AUTH_TOKEN`` (``~/.ray/auth_token`` is left alone).
 
-It serves the tests of the cluster workflow and anyone who wants to try
-``mmdtl2 submit`` without a real cluster. The ``ray start`` arguments it adds to the
-documented ones (``--block``, ``--temp-dir`` and explicit ports) only keep several
+A test fixture of the cluster workflow (``tests/test_cluster_loopback.py``,
+``tests/test_submit.py``), not part of the package. The ``ray start`` arguments it adds
+to the documented ones (``--block``, ``--temp-dir`` and explicit ports) only keep several
 nodes apart on one host.
 """
 
