@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from mlflow.tracking import MlflowClient
 from loopback import mlflow_server_command
+from mlflow.tracking import MlflowClient
 
 from mmdtl2_dist.cli import main
 from mmdtl2_dist.deploy.registry import use_tracking_uri
