@@ -53,7 +53,11 @@ class SyntheticSpec:
     shift : float
         Device shift (0 = identical devices).
     class_sep : float
-        Spread of the class prototypes relative to the within-class spread.
+        Spread of the class prototypes relative to the within-class spread. The default,
+        0.3, is the regime of the bundled synthetic studies: at the paper's sizes a source SVM
+        reaches about 74 % on the target, a target SVM 59 % with 3 and 67 % with 10
+        labelled samples per class, so what the source device contributes decides the
+        result; from about 0.8 up, every method scores 97-100 %.
     n_groups : int
         Groups (patients) per device; each group holds samples of one class.
     latent_dim : int
@@ -70,7 +74,7 @@ class SyntheticSpec:
     dim: int = CONV3_DIM
     target_dim: int | None = None
     shift: float = 1.0
-    class_sep: float = 1.5
+    class_sep: float = 0.3
     n_groups: int = 40
     latent_dim: int = 32
     noise: float = 0.5
