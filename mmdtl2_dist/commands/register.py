@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.progress import Progress
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -69,13 +71,16 @@ def run(args: argparse.Namespace) -> int:
         if metric is None:
             metric = pm if len(study_pairs(handle)) > 1 else "accuracy"
         cfg = best_trial(handle, metric, label=args.label, pair_metric_name=pm)
-    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    say(
+    bar = Progress("register", enabled=progress_choice(args), every_s=10.0)
+    bar.say(
         f"register: {cfg.selected_by}: {cfg.method} {json.dumps(cfg.params, default=str)}"
         + (f" ({cfg.label}, {cfg.metric} = {cfg.metric_value:.4f})" if cfg.metric else "")
     )
-    say(f"register: fitting on all labelled samples of {source} -> {target} ...")
-    fitted = fit_adapter(handle, (source, target), cfg)
+    fitting = f"fitting on all labelled samples of {source} -> {target}"
+    bar.say(f"register: {fitting} ...")
+    with bar.ticking(fitting):
+        fitted = fit_adapter(handle, (source, target), cfg)
+    bar.say(bar.line(f"fitted on {fitted.n_source} + {fitted.n_target} samples; registering"))
     mv = register_adapter(
         handle,
         cfg,
@@ -171,4 +176,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress_option(p)
     p.set_defaults(func=run)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.store.synthetic import SyntheticSpec, make_synthetic_store
 
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         spec,
         overwrite=args.overwrite,
         chunk_rows=args.chunk_rows,
-        progress=not args.quiet,
+        progress=progress_choice(args),
     )
     if not args.quiet:
         print(f"{fs}\nfingerprint {fs.fingerprint}")
@@ -98,5 +99,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--chunk-rows", type=int, help="rows per chunk")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    add_progress_option(p)
     p.set_defaults(func=run)

@@ -164,7 +164,7 @@ def make_synthetic_store(
     *,
     overwrite: bool = False,
     chunk_rows: int | None = None,
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> FeatureStore:
     """Write a synthetic study to a feature store, one shard at a time.
 
@@ -178,8 +178,8 @@ def make_synthetic_store(
         Replace an existing store.
     chunk_rows : int, optional
         Rows per store chunk.
-    progress : bool
-        Print progress lines to stderr.
+    progress : bool or None
+        Progress lines on stderr for large arrays; ``None``: when stderr is a terminal.
 
     Returns
     -------
