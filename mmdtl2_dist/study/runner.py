@@ -339,7 +339,9 @@ class StudyCallback(Callback):
 # -- entry points -----------------------------------------------------------------------
 
 
-def tracker_config(spec: StudySpec, uri: str | None) -> dict:
+def tracker_config(
+    spec: StudySpec, uri: str | None, class_names: dict[str, str] | None = None
+) -> dict:
     """Arguments of the study's :class:`StudyTracker` (plain values)."""
     from mmdtl2_dist.study.tracking import default_tracking_uri
 
@@ -353,6 +355,7 @@ def tracker_config(spec: StudySpec, uri: str | None) -> dict:
         "study_name": spec.name,
         "spec_fingerprint": spec.fingerprint(),
         "artifact_location": art,
+        "class_names": class_names,
     }
 
 
@@ -453,7 +456,10 @@ def run_study(
         else:
             plan = build_plan(spec, store, split_file, grams)
             plan.save(plan_path)
-        tcfg = tracker_config(spec, tracking_uri)
+        from mmdtl2_dist.store.feature_store import FeatureStore
+        from mmdtl2_dist.study.tracking import class_names
+
+        tcfg = tracker_config(spec, tracking_uri, class_names(FeatureStore.open(store).metadata))
         tracker = _tracker(spec, tracking_uri)
         tags = {
             "split_seed": str(spec.seed),
