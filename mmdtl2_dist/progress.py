@@ -3,9 +3,11 @@
 One reporter for every step that takes more than a few seconds (the Gram engine, ingest,
 study trials, ``mmdtl2 office``, ``mmdtl2 register``). Progress is for a person watching
 a terminal: lines go to stderr, and by default only when stderr *is* a terminal, so that
-``mmdtl2 office | cat``, ``mmdtl2 office > table.md`` or a job log get the results and
-nothing else. ``enabled=True`` / ``False`` (the commands' ``--progress`` /
-``--no-progress``) overrides the choice.
+``mmdtl2 office | cat`` or ``mmdtl2 office > table.md`` get the results and nothing
+else. ``enabled=True`` / ``False`` (the commands' ``--progress`` / ``--no-progress``)
+overrides the choice, and so does the environment variable ``MMDTL2_PROGRESS`` (``1`` or
+``0``) where no option is given: a Ray job's logs, which ``mmdtl2 submit`` streams to a
+person, are no terminal (``cluster/runtime_env.yaml`` sets it to ``1``).
 
 This module uses the standard library only and imports nothing from the package, so every
 layer (store, engine, study, deploy) can use it; the numerical core stays free of I/O.
@@ -25,6 +27,7 @@ done but not towards the rate).
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import time
@@ -32,11 +35,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
+#: Environment variable that turns progress on (``1``) or off (``0``) where no option does.
+ENV_VAR = "MMDTL2_PROGRESS"
+
 
 def progress_enabled(choice: bool | None, stream: TextIO | None = None) -> bool:
-    """Resolve a progress choice: ``None`` means "when ``stream`` (stderr) is a terminal"."""
+    """Resolve a progress choice.
+
+    ``True``/``False`` stand; ``None`` follows ``MMDTL2_PROGRESS`` when it is set, else
+    whether ``stream`` (default stderr) is a terminal.
+    """
     if choice is not None:
         return bool(choice)
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
     stream = stream if stream is not None else sys.stderr
     isatty = getattr(stream, "isatty", None)
     try:

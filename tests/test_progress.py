@@ -78,7 +78,8 @@ def test_unknown_total_shows_elapsed_only():
     assert out.getvalue() == "work: 1 min 15 s elapsed; fitting\n"
 
 
-def test_enabled_only_on_a_terminal_unless_overridden():
+def test_enabled_only_on_a_terminal_unless_overridden(monkeypatch):
+    monkeypatch.delenv("MMDTL2_PROGRESS", raising=False)
     assert not progress_enabled(None, io.StringIO())
     assert progress_enabled(None, Tty())
     assert progress_enabled(True, io.StringIO()) and not progress_enabled(False, Tty())
@@ -88,6 +89,11 @@ def test_enabled_only_on_a_terminal_unless_overridden():
         bar.update(1)
         bar.say("a stage")
     assert piped.getvalue() == "" and tty.getvalue().count("\n") == 2
+    # A job's logs are no terminal: MMDTL2_PROGRESS decides where no option does.
+    monkeypatch.setenv("MMDTL2_PROGRESS", "1")
+    assert progress_enabled(None, io.StringIO()) and not progress_enabled(False, Tty())
+    monkeypatch.setenv("MMDTL2_PROGRESS", "0")
+    assert not progress_enabled(None, Tty()) and progress_enabled(True, io.StringIO())
 
 
 def test_format_duration():
@@ -119,7 +125,8 @@ OFFICE = [
 def _run_with_stderr_on_a_terminal(argv):
     """Run ``argv`` with stdout piped and stderr on a pseudo-terminal; (stdout, terminal)."""
     master, slave = pty.openpty()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "MMDTL2_PROGRESS"}
+    env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, env=env, text=True)
     os.close(slave)
     term = b""
@@ -147,6 +154,7 @@ def test_piped_output_is_the_table_and_progress_goes_to_the_terminal():
     # --no-progress silences the terminal too; stderr piped as well: nothing but errors.
     _, quiet = _run_with_stderr_on_a_terminal([*OFFICE, "--no-progress"])
     assert "splits" not in quiet
-    piped = subprocess.run(OFFICE, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "MMDTL2_PROGRESS"}
+    piped = subprocess.run(OFFICE, capture_output=True, text=True, timeout=300, env=env)
     assert piped.returncode == 0 and piped.stderr == ""
     assert piped.stdout.splitlines()[2] == "| pair | source SVM | target SVM |"

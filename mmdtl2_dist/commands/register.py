@@ -80,15 +80,16 @@ def run(args: argparse.Namespace) -> int:
     bar.say(f"register: {fitting} ...")
     with bar.ticking(fitting):
         fitted = fit_adapter(handle, (source, target), cfg)
-    bar.say(bar.line(f"fitted on {fitted.n_source} + {fitted.n_target} samples; registering"))
-    mv = register_adapter(
-        handle,
-        cfg,
-        fitted,
-        name=args.name,
-        alias=None if args.no_alias else args.alias,
-        export_w=args.export_w,
-    )
+    bar.say(bar.line(f"fitted on {fitted.n_source} + {fitted.n_target} samples"))
+    with bar.ticking("logging and registering the model"):
+        mv = register_adapter(
+            handle,
+            cfg,
+            fitted,
+            name=args.name,
+            alias=None if args.no_alias else args.alias,
+            export_w=args.export_w,
+        )
     if args.no_alias:
         uri, note = f"models:/{args.name}/{mv.version}", ""
     else:
