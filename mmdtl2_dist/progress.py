@@ -99,7 +99,7 @@ class Progress:
         unit: str = "",
         enabled: bool | None = None,
         done: int = 0,
-        every_s: float = 5.0,
+        every_s: float = 10.0,
         step: float = 0.1,
         min_gap_s: float = 1.0,
         heartbeat_s: float = 30.0,

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if metric is None:
             metric = pm if len(study_pairs(handle)) > 1 else "accuracy"
         cfg = best_trial(handle, metric, label=args.label, pair_metric_name=pm)
-    bar = Progress("register", enabled=progress_choice(args), every_s=10.0)
+    bar = Progress("register", enabled=progress_choice(args))
     bar.say(
         f"register: {cfg.selected_by}: {cfg.method} {json.dumps(cfg.params, default=str)}"
         + (f" ({cfg.label}, {cfg.metric} = {cfg.metric_value:.4f})" if cfg.metric else "")

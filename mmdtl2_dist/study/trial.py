@@ -396,7 +396,7 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0, on_unit=No
 
 
 #: Least seconds between a trial's progress reports (each one waits for the driver).
-PROGRESS_REPORT_S = 5.0
+PROGRESS_REPORT_S = 10.0
 
 
 def tune_trainable(config: dict) -> None:
