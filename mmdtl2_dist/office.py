@@ -4,7 +4,8 @@ Hoffman et al.'s protocol (ICLR 2013; the MMDT paper's benchmark): 12 domain shi
 20 fixed splits each (20 source samples per class from amazon, 8 otherwise; 3 labelled
 target samples per class; the rest of the target domain is the test set), SURF 800-d
 features L2-normalised then z-scored per domain over all its images (Gong et al.'s and
-Hoffman's preprocessing). Reported: mean accuracy ± standard error over the 20 splits.
+Hoffman's preprocessing). Reported as a study reports it: mean accuracy ± standard
+deviation over the 20 splits, with Welch t-test marks (:func:`format_table`).
 
 Every split only needs Gram blocks, so each domain's Gram is computed once here (the
 features are small) and every (shift, split, method) slices it, as the study runner does
@@ -15,7 +16,6 @@ on Ray for large data. Splits run in parallel worker processes, each with one BL
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -27,8 +27,10 @@ from mmdtl2_dist.core.methods import GramProblem, fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.selection import NAMED_GRIDS
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain, load_hoffman_splits
+from mmdtl2_dist.progress import Progress
 
-SHORT = {"amazon": "A", "webcam": "W", "dslr": "D", "caltech": "C"}
+#: Labelled target samples per class in Hoffman et al.'s split files.
+TARGET_PER_CLASS = 3
 
 
 @dataclass(frozen=True)
@@ -113,16 +115,20 @@ def run_protocol(
     *,
     preprocessing: str = "l2_zscore",
     workers: int | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> dict:
-    """Run the protocol; returns ``{"acc": {(shift, label): [acc per trial]}, ...}``."""
+    """Run the protocol; returns ``{"acc": {(shift, label): [acc per trial]}, ...}``.
+
+    ``progress``: lines on stderr (:mod:`mmdtl2_dist.progress`; ``None``: when stderr is
+    a terminal).
+    """
     workers = workers or min(2, os.cpu_count() or 1)
     acc: dict = {}
     fit_time: dict = {}
     chosen: dict = {}
     jobs = [(s, t, k) for (s, t) in shifts for k in trials]
     t0 = time.perf_counter()
-    done = 0
+    bar = Progress("office", len(jobs), unit="splits", enabled=progress)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futs = [pool.submit(_run_split, s, t, k, tuple(columns), preprocessing) for s, t, k in jobs]
         for fut in as_completed(futs):
@@ -132,41 +138,53 @@ def run_protocol(
                 fit_time.setdefault(label, []).append(dt)
                 if ch is not None:
                     chosen.setdefault(((s, t), label), {})[k] = ch
-            done += 1
-            if progress:
-                el = time.perf_counter() - t0
-                print(
-                    f"\r[{done}/{len(jobs)} splits] {el:5.0f} s elapsed, "
-                    f"~{el / done * (len(jobs) - done):4.0f} s left",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    if progress:
-        print(file=sys.stderr)
+            bar.advance()
     acc = {key: [v[k] for k in sorted(v)] for key, v in acc.items()}
     return {
         "acc": acc,
         "fit_time": fit_time,
         "chosen": chosen,
         "columns": [c.label for c in columns],
+        "methods": {c.label: c.method for c in columns},
         "shifts": list(shifts),
         "wall_s": time.perf_counter() - t0,
     }
 
 
 def format_table(result: dict) -> str:
-    """Markdown table: rows = shifts and their mean, cells = mean ± standard error (%)."""
-    cols = result["columns"]
-    lines = ["| shift | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    means = {c: [] for c in cols}
-    for s, t in result["shifts"]:
-        cells = []
-        for c in cols:
-            a = 100 * np.asarray(result["acc"][((s, t), c)])
-            se = a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else 0.0
-            cells.append(f"{a.mean():.1f} ± {se:.1f}")
-            means[c].append(a.mean())
-        lines.append(f"| {SHORT[s]}→{SHORT[t]} | " + " | ".join(cells) + " |")
-    lines.append("| **mean** | " + " | ".join(f"**{np.mean(means[c]):.1f}**" for c in cols) + " |")
-    return "\n".join(lines)
+    """The study report's per-pair table of the result, with its caption.
+
+    One row per shift (``amazon->webcam``, as a study names its pairs) and an ``all
+    pairs`` row (per split, the mean over the shifts); cells are mean ± standard
+    deviation over the splits with the one-tailed Welch t-test marks against the source
+    and target SVM columns (:mod:`mmdtl2_dist.study.report`).
+    """
+    from mmdtl2_dist.study.data import pair_name
+    from mmdtl2_dist.study.report import (
+        caption,
+        markdown_table,
+        pair_tables,
+        references,
+        results_frame,
+    )
+
+    labels, methods = result["columns"], result["methods"]
+    trials = [
+        {
+            "key": f"{s}-{t}|{label}",
+            "label": label,
+            "base_label": label,
+            "method": methods[label],
+            "n_per_class": TARGET_PER_CLASS,
+            "units": [
+                {"pair": pair_name(s, t), "split": k, "accuracy": a}
+                for k, a in enumerate(result["acc"][((s, t), label)])
+            ],
+        }
+        for s, t in result["shifts"]
+        for label in labels
+    ]
+    df = results_frame(trials)
+    rs, rt = references(labels, methods)
+    table = markdown_table(pair_tables(df, labels, rs, rt), "pair", labels)
+    return f"{caption(df['split'].nunique(), rs, rt)}\n\n{table}"

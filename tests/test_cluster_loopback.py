@@ -243,7 +243,7 @@ def test_study_on_two_nodes_reports_and_logs_to_mlflow(cluster, shared, store, m
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "SUCCEEDED" in result.stderr
     # The logs were streamed: the study's table is in the output.
-    assert "| n_per_class | targetSVM | MMDTL2 |" in result.stdout
+    assert "| n_per_class | target SVM | MMDTL2 |" in result.stdout
 
     out = shared / "studies" / "cluster_demo"
     for name in ("report.md", "table.csv", "results.csv"):

@@ -327,6 +327,7 @@ def test_cli_gram_with_progress(ray_local, tmp_path, capsys):
             "8",
             "--preprocessing",
             "l2",
+            "--progress",  # stderr is not a terminal here
         ]
     )
     assert args.func(args) == 0

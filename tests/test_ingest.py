@@ -245,6 +245,7 @@ def test_cli_ingest_with_progress(tmp_path, sample, monkeypatch, capsys):
             "8",
             "--compression",
             "zstd",
+            "--progress",  # stderr is not a terminal here
         ]
     )
     assert args.func(args) == 0

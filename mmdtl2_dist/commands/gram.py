@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.core.preprocessing import PREPROCESSING
 from mmdtl2_dist.engine.driver import compute_gram
 from mmdtl2_dist.engine.plan import DEFAULT_TASK_MEMORY_MB
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         tile_rows=args.tile_rows,
         address=args.address,
         max_task_memory_mb=args.max_task_memory_mb,
-        progress=not args.quiet,
+        progress=progress_choice(args),
         num_cpus=args.num_cpus,
     )
     if not args.quiet:
@@ -82,5 +83,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_TASK_MEMORY_MB,
         help=f"memory bound of one task ({DEFAULT_TASK_MEMORY_MB})",
     )
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    add_progress_option(p)
     p.set_defaults(func=run)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.store.ingest import FORMATS, IngestInput, ingest
 
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         compression=args.compression,
         chunk_rows=args.chunk_rows,
         dtype=args.dtype,
-        progress=not args.quiet,
+        progress=progress_choice(args),
     )
     if not args.quiet:
         print(f"{fs}\nfingerprint {fs.fingerprint}")
@@ -131,4 +132,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replace an existing feature store (nothing else is ever replaced)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    add_progress_option(p)
     p.set_defaults(func=run)

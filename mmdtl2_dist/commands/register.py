@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.progress import Progress
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -78,21 +80,25 @@ def _register(args: argparse.Namespace, handle) -> int:
         if metric is None:
             metric = pm if len(study_pairs(handle)) > 1 else "accuracy"
         cfg = best_trial(handle, metric, label=args.label, pair_metric_name=pm)
-    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    say(
+    bar = Progress("register", enabled=progress_choice(args))
+    bar.say(
         f"register: {cfg.selected_by}: {cfg.method} {json.dumps(cfg.params, default=str)}"
         + (f" ({cfg.label}, {cfg.metric} = {cfg.metric_value:.4f})" if cfg.metric else "")
     )
-    say(f"register: fitting on all labelled samples of {source} -> {target} ...")
-    fitted = fit_adapter(handle, (source, target), cfg)
-    mv = register_adapter(
-        handle,
-        cfg,
-        fitted,
-        name=args.name,
-        alias=None if args.no_alias else args.alias,
-        export_w=args.export_w,
-    )
+    fitting = f"fitting on all labelled samples of {source} -> {target}"
+    bar.say(f"register: {fitting} ...")
+    with bar.ticking(fitting):
+        fitted = fit_adapter(handle, (source, target), cfg)
+    bar.say(bar.line(f"fitted on {fitted.n_source} + {fitted.n_target} samples"))
+    with bar.ticking("logging and registering the model"):
+        mv = register_adapter(
+            handle,
+            cfg,
+            fitted,
+            name=args.name,
+            alias=None if args.no_alias else args.alias,
+            export_w=args.export_w,
+        )
     if args.no_alias:
         uri, note = f"models:/{args.name}/{mv.version}", ""
     else:
@@ -177,4 +183,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress_option(p)
     p.set_defaults(func=run)

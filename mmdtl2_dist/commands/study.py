@@ -21,6 +21,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from mmdtl2_dist.commands import add_progress_option, progress_choice
+
 
 def _spec_path(arg: str) -> Path:
     """A spec path, or the name of a bundled study (``studies/<name>.toml``)."""
@@ -46,6 +48,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress_option(p)
 
 
 def _print_result(rep: dict) -> None:
@@ -115,7 +118,7 @@ def _run(args) -> int:
             address=args.address,
             num_cpus=args.num_cpus,
             tracking_uri=args.tracking_uri,
-            progress=not args.quiet,
+            progress=progress_choice(args),
         ),
     )
 
@@ -130,7 +133,7 @@ def _resume(args) -> int:
             address=args.address,
             num_cpus=args.num_cpus,
             tracking_uri=args.tracking_uri,
-            progress=not args.quiet,
+            progress=progress_choice(args),
         ),
     )
 

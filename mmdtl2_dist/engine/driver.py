@@ -32,6 +32,7 @@ from mmdtl2_dist.engine.plan import (
     plan_summary,
     task_memory_bytes,
 )
+from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.outputs import OutputKind, StagedOutput, claim_output
 
@@ -104,34 +105,6 @@ def _check_resumable(out: Path, job: dict) -> dict:
             "it) to start anew."
         )
     return old
-
-
-class _Progress:
-    def __init__(self, label: str, total: int, skipped: int, flops_per_tile: float, enabled):
-        self.label, self.total, self.skipped = label, total, skipped
-        self.flops_per_tile, self.enabled = flops_per_tile, enabled
-        self.t0 = self.last = time.monotonic()
-        self.last_done = 0
-
-    def update(self, done: int, force: bool = False) -> None:
-        now = time.monotonic()
-        # A line when a tile finished (at most every 2 s), else a heartbeat every 30 s.
-        quiet = 2.0 if done != self.last_done else 30.0
-        if not self.enabled or (not force and now - self.last < quiet):
-            return
-        self.last, self.last_done = now, done
-        elapsed = now - self.t0
-        todo = self.total - self.skipped
-        rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (todo - done) / rate if rate > 0 else float("nan")
-        gflops = self.flops_per_tile * done / max(elapsed, 1e-9) / 1e9
-        print(
-            f"{self.label}: {self.skipped + done}/{self.total} tiles ({self.skipped} resumed), "
-            f"{100 * (self.skipped + done) / self.total:.0f}%, {gflops:.1f} GFLOP/s, "
-            f"{elapsed:.0f} s elapsed, ETA {eta:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def ensure_ray(address: str | None, num_cpus: int | None):
@@ -274,12 +247,7 @@ def _stats_pass(ray, fs, job, out: Path, remote_opts: dict, progress, max_in_fli
             args = (path, r0, min(r0 + t, n_d), blocks, method)
             submits.append(lambda args=args: fn.remote(*args))
             owners.append(d)
-    if progress:
-        print(
-            f"gram {job['space']}: statistics pass ({method}), {len(submits)} tasks",
-            file=sys.stderr,
-            flush=True,
-        )
+    say(progress, f"gram {job['space']}: statistics pass ({method}), {len(submits)} tasks")
     # Results come back in submission order: the sums below have a fixed order.
     results = _run_tasks(ray, submits, lambda r: None, max_in_flight)
     root = zarr.open_group(str(out), mode="r+")
@@ -339,7 +307,7 @@ def compute_gram(
     tile_rows: int | None = None,
     address: str | None = None,
     max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
-    progress: bool = True,
+    progress: bool | None = None,
     num_cpus: int | None = None,
     max_retries: int = 3,
     max_in_flight: int | None = None,
@@ -375,8 +343,9 @@ def compute_gram(
     max_task_memory_mb : float
         Memory bound of one task; sets the feature block width and is requested from Ray
         as the task's ``memory`` resource.
-    progress : bool
-        Print progress lines to stderr.
+    progress : bool or None
+        Progress lines on stderr (:mod:`mmdtl2_dist.progress`); ``None``: when stderr is a
+        terminal.
     num_cpus : int, optional
         CPUs of a new local Ray (default: all).
     max_retries : int
@@ -456,19 +425,14 @@ def compute_gram(
         norms_ref = ray.put(norms)
         fn = ray.remote(tasks.gram_tile_task).options(**opts)
         submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref) for t in todo]
-        bar = _Progress(
-            f"gram {space}",
-            len(tiles),
-            len(tiles) - len(todo),
-            summary["flops"] / len(tiles),
-            progress,
-        )
-        counter = {"n": 0}
+        skipped = len(tiles) - len(todo)
+        bar = Progress(f"gram {space}", len(tiles), unit="tiles", done=skipped, enabled=progress)
+        flops_per_tile = summary["flops"] / len(tiles)
 
         def on_done(result):
-            if result is not None:
-                counter["n"] += 1
-            bar.update(counter["n"], force=counter["n"] == len(todo))
+            done = bar.done + (result is not None)
+            rate = flops_per_tile * (done - skipped) / max(bar.elapsed(), 1e-9) / 1e9
+            bar.update(done, f"{rate:.1f} GFLOP/s" + (f", {skipped} resumed" if skipped else ""))
 
         _run_tasks(ray, submits, on_done, max_in_flight)
     finally:

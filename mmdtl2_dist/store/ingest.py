@@ -471,7 +471,7 @@ def ingest(
     compression: str = "none",
     chunk_rows: int | None = None,
     dtype: str | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> FeatureStore:
     """Build a feature store from input files, atomically.
 
@@ -489,8 +489,8 @@ def ingest(
         Rows per chunk (default: 256, more for narrow arrays so that chunks are >= 1 MiB).
     dtype : {"float32", "float64"}, optional
         Force the stored dtype (default keeps float32/float64, see the module docstring).
-    progress : bool
-        Print progress to stderr for large inputs.
+    progress : bool or None
+        Progress lines on stderr for large inputs; ``None``: when stderr is a terminal.
 
     Returns
     -------

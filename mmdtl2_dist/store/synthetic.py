@@ -53,7 +53,14 @@ class SyntheticSpec:
     shift : float
         Device shift (0 = identical devices).
     class_sep : float
-        Spread of the class prototypes relative to the within-class spread.
+        Spread of the class prototypes relative to the within-class spread. The default,
+        0.3, is the regime of the bundled synthetic studies: at the paper's sizes
+        (``l2_zscore``, half splits) a source SVM reaches about 74 % on the target, a
+        target SVM 59 % with 3 and 67 % with 10 labelled samples per class, so what the
+        source device contributes decides the result; from about 0.8 up, every method
+        scores 97-100 %. In a space this large the shared-space ``shift`` costs the
+        source SVM little (74 % at ``shift = 0`` and ``1``): the extra loadings ``E`` are
+        nearly orthogonal to ``B_s``.
     n_groups : int
         Groups (patients) per device; each group holds samples of one class.
     latent_dim : int
@@ -70,7 +77,7 @@ class SyntheticSpec:
     dim: int = CONV3_DIM
     target_dim: int | None = None
     shift: float = 1.0
-    class_sep: float = 1.5
+    class_sep: float = 0.3
     n_groups: int = 40
     latent_dim: int = 32
     noise: float = 0.5
@@ -180,7 +187,7 @@ def make_synthetic_store(
     *,
     overwrite: bool = False,
     chunk_rows: int | None = None,
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> FeatureStore:
     """Write a synthetic study to a feature store, one shard at a time.
 
@@ -194,8 +201,8 @@ def make_synthetic_store(
         Replace an existing store.
     chunk_rows : int, optional
         Rows per store chunk.
-    progress : bool
-        Print progress lines to stderr.
+    progress : bool or None
+        Progress lines on stderr for large arrays; ``None``: when stderr is a terminal.
 
     Returns
     -------

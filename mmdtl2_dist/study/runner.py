@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -42,6 +41,7 @@ import numpy as np
 from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
+from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.outputs import OutputKind, claim_output
 from mmdtl2_dist.study.data import (
     build_office_caltech_store,
@@ -73,11 +73,6 @@ TUNE_DIR = "tune"
 STUDY_OUTPUT = OutputKind(
     "study folder", is_dir=True, recognise=lambda path: (path / STATE_FILE).is_file()
 )
-
-
-def _say(progress: bool, msg: str) -> None:
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
 
 
 # -- data -------------------------------------------------------------------------------
@@ -137,7 +132,7 @@ def gram_path(spec: StudySpec, space: str) -> Path:
 
 
 def compute_grams(
-    spec: StudySpec, store: Path, *, address: str | None, progress: bool
+    spec: StudySpec, store: Path, *, address: str | None, progress: bool | None
 ) -> dict[str, str]:
     """Compute (or reuse) the Gram of each feature space of the study."""
     from mmdtl2_dist.engine import compute_gram
@@ -150,7 +145,7 @@ def compute_grams(
         g = compute_gram(
             store, space, p, preprocessing=spec.preprocessing, address=address, progress=progress
         )
-        _say(
+        say(
             progress,
             f"study: Gram of {space!r} ({g.n} samples) ready in "
             f"{time.perf_counter() - t0:.1f} s at {p}",
@@ -497,20 +492,31 @@ def _stop_on_signals(spec: StudySpec):
 
 
 class _Sink:
-    """Receives finished trials in the driver: result file, MLflow run, progress line.
+    """Receives trials in the driver: result file, MLflow run, progress line.
 
-    Built from plain values so that it can live inside a pickled Tune callback (Tune
-    stores the run config, callbacks included, for ``Tuner.restore``).
+    Progress counts fits (trials x units): finished trials count whole, running ones by
+    the fraction they last reported (``trial_progress``). Built from plain values so
+    that it can live inside a pickled Tune callback (Tune stores the run config,
+    callbacks included, for ``Tuner.restore``).
     """
 
-    def __init__(self, output: str, tracker_cfg: dict, tags: dict, total: int, progress: bool):
+    def __init__(
+        self,
+        output: str,
+        tracker_cfg: dict,
+        tags: dict,
+        total: int,
+        progress: bool | None,
+        units: int = 1,
+    ):
         self.output, self.tracker_cfg, self.tags = output, tracker_cfg, tags
-        self.total, self.progress = total, progress
+        self.total, self.progress, self.units = total, progress, units
         self._tracker = None
-        self.t0 = time.perf_counter()
+        self._running: dict[str, float] = {}
+        self._bar = self._new_bar()  # the clock starts with the trials
 
     def __getstate__(self):
-        return {**self.__dict__, "_tracker": None}
+        return {**self.__dict__, "_tracker": None, "_bar": None, "_running": {}}
 
     @property
     def tracker(self):
@@ -519,6 +525,33 @@ class _Sink:
         if self._tracker is None and self.tracker_cfg:
             self._tracker = StudyTracker(**self.tracker_cfg)
         return self._tracker
+
+    def _finished(self) -> int:
+        return len(list((Path(self.output) / "results").glob("*.json")))
+
+    def _new_bar(self) -> Progress:
+        return Progress(
+            "study",
+            self.total * self.units,
+            unit="fits",
+            enabled=self.progress,
+            done=self._finished() * self.units,
+        )
+
+    @property
+    def bar(self) -> Progress:
+        if self._bar is None:  # unpickled by Tuner.restore
+            self._bar = self._new_bar()
+        return self._bar
+
+    def _fits_done(self) -> int:
+        running = sum(self._running.values())
+        return min(round((self._finished() + running) * self.units), self.total * self.units)
+
+    def running(self, key: str, fraction: float) -> None:
+        """A running trial reported the fraction of its units done."""
+        self._running[key] = float(fraction)
+        self.bar.update(self._fits_done())
 
     def __call__(self, payload: dict) -> None:
         results = Path(self.output) / "results"
@@ -529,17 +562,17 @@ class _Sink:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(payload))
             tmp.replace(path)
+        self._running.pop(payload["key"], None)
         if self.tracker is not None:
             self.tracker.log_trial(payload, self.tags)
         if fresh:
-            done = len(list(results.glob("*.json")))
-            _say(
-                self.progress,
-                f"[{done}/{self.total}] {payload['label']} n={payload['n_per_class']}: "
-                f"accuracy {100 * payload['accuracy']:.2f} ± "
-                f"{100 * payload['accuracy_std']:.2f} % over {len(payload['units'])} fits, "
-                f"fits {payload['solver_s']:.1f} CPU-s in {payload['wall_s']:.1f} s "
-                f"({time.perf_counter() - self.t0:.0f} s elapsed)",
+            self.bar.update(
+                self._fits_done(),
+                f"[{self._finished()}/{self.total} trials] {payload['label']} "
+                f"n={payload['n_per_class']}: accuracy {100 * payload['accuracy']:.2f} ± "
+                f"{100 * payload['accuracy_std']:.2f} % (std over {len(payload['units'])} "
+                f"fits), fits {payload['solver_s']:.1f} CPU-s in {payload['wall_s']:.1f} s",
+                force=True,
             )
 
 
@@ -557,12 +590,16 @@ class StudyCallback(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if "payload" in result:
             self.sink(json.loads(result["payload"]))
+        elif "trial_progress" in result:
+            self.sink.running(trial.config["trial"]["key"], result["trial_progress"])
 
 
 # -- entry points -----------------------------------------------------------------------
 
 
-def tracker_config(spec: StudySpec, uri: str | None) -> dict:
+def tracker_config(
+    spec: StudySpec, uri: str | None, class_names: dict[str, str] | None = None
+) -> dict:
     """Arguments of the study's :class:`StudyTracker` (plain values)."""
     from mmdtl2_dist.study.tracking import default_tracking_uri
 
@@ -576,6 +613,7 @@ def tracker_config(spec: StudySpec, uri: str | None) -> dict:
         "study_name": spec.name,
         "spec_fingerprint": spec.fingerprint(),
         "artifact_location": art,
+        "class_names": class_names,
     }
 
 
@@ -623,7 +661,7 @@ def run_study(
     address: str | None = None,
     num_cpus: int | None = None,
     tracking_uri: str | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     max_trials: int | None = None,
 ) -> dict:
     """Run (or resume) a study end to end; return the report dict.
@@ -644,8 +682,9 @@ def run_study(
         CPUs of a new local Ray.
     tracking_uri : str, optional
         MLflow tracking URI (default ``sqlite:///<output>/mlflow.db``).
-    progress : bool
-        Progress lines on stderr.
+    progress : bool or None
+        Progress lines on stderr (:mod:`mmdtl2_dist.progress`); ``None``: when stderr is a
+        terminal.
     max_trials : int, optional
         Stop after this many new trials (for tests and benchmarks of interruption).
 
@@ -705,7 +744,10 @@ def _run_study(
         gram_s = time.perf_counter() - t0 + data_s
         plan_path = out / PLAN_FILE
         plan = _study_plan(spec, store, split_file, grams, plan_path)
-        tcfg = tracker_config(spec, tracking_uri)
+        from mmdtl2_dist.store.feature_store import FeatureStore
+        from mmdtl2_dist.study.tracking import class_names
+
+        tcfg = tracker_config(spec, tracking_uri, class_names(FeatureStore.open(store).metadata))
         tracker = _tracker(spec, tracking_uri)
         tags = {
             "split_seed": str(spec.seed),
@@ -717,9 +759,9 @@ def _run_study(
             params=_flat_params(spec), tags=tags, files=[spec.path] if spec.path else []
         )
         trials = spec.trials()
-        sink = _Sink(str(out), tcfg, tags, len(trials), progress)
         n_units = sum(len(p.splits) for p in plan.pairs)
-        _say(
+        sink = _Sink(str(out), tcfg, tags, len(trials), progress, n_units)
+        say(
             progress,
             f"study {spec.name!r}: {len(trials)} trials x {n_units} fits "
             f"({len(plan.pairs)} pairs); output {out}",
@@ -740,7 +782,7 @@ def _run_study(
         timing["report_s"] = time.perf_counter() - t2
         timing["study_wall_s"] = time.perf_counter() - t_start
         _write_state(spec, {"last_run": timing})
-        _say(progress, "study: " + timing_line(rep["timing"], timing))
+        say(progress, "study: " + timing_line(rep["timing"], timing))
         return rep
     finally:
         if owned:
@@ -822,7 +864,7 @@ def _run_trials(
     if not todo:
         return
     if len(missing) < len(trials):
-        _say(progress, f"study: {len(trials) - len(missing)} trials already done, kept")
+        say(progress, f"study: {len(trials) - len(missing)} trials already done, kept")
     tuner = tune.Tuner(
         _trainable(spec),
         param_space={
