@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                 metadata_path=side.get(device),
                 transpose=args.transpose,
                 header=args.header,
+                index=args.index,
             )
         )
     unknown = set(side) - {i.device for i in inputs}
@@ -113,6 +114,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="CSV: the first row names the columns (--header) or is a sample (--no-header); "
         "default: a first row of numbers is a sample",
+    )
+    p.add_argument(
+        "--index",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CSV: the first column is a row index, dropped (--index, what pandas' to_csv "
+        "writes by default) or a feature (--no-index); default: refuse a first column "
+        "that looks like pandas' index",
     )
     p.add_argument(
         "--dtype",
