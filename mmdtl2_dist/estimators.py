@@ -499,7 +499,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         own parameters are used. Otherwise the set that cross-validates best on the
         labelled target samples (one per class held out per fold; lowest held-out hinge
         loss when the grid keeps ``c_s``, ``c_t`` and the kernel fixed, else best
-        accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used (issue 8).
+        accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used.
     allow_target_only_classes : bool
         Accept target classes with no source sample (their hyperplane starts from an
         all-negative source SVM).
@@ -830,7 +830,7 @@ class MMDT(TransformerMixin, _AdaptationBase):
 
 
 class MMDTHoffman(_AdaptationBase):
-    """MMDT as in Hoffman et al.'s reference MATLAB code (DESIGN.md §5), on Gram matrices.
+    """MMDT as in Hoffman et al.'s reference MATLAB code, on Gram matrices.
 
     Like the reference code it is **transductive**: the PCA to ``pca_dim`` dimensions is
     fitted on the training *and* the test samples, so ``fit`` stores the training data
