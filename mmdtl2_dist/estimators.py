@@ -240,15 +240,16 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         """Fit on source and labelled target rows of ``X`` (skada's ``sample_domain``).
 
         ``sample_domain`` (keyword only): one integer per row, ``> 0`` for the source
-        domain, ``< 0`` for the target domain (:func:`domain_masks`). Without it,
-        :meth:`_fit_one_domain` decides: an adaptation method refuses, since nothing
-        says which rows come from which device.
+        domain, ``< 0`` for the target domain (:func:`domain_masks`). Without it an
+        adaptation method refuses, since nothing says which rows come from which device,
+        and :class:`SourceSVM` / :class:`TargetSVM` read every row as their one domain.
         """
         if sample_domain is None:
             return self._fit_one_domain(X, y)
         return self.fit_domains(*split_domains(X, y, sample_domain, type(self).__name__))
 
     def _fit_one_domain(self, X, y):
+        """``fit`` without ``sample_domain``: refused, naming both ways to give the domains."""
         name = type(self).__name__
         raise ValueError(
             f"{name}.fit needs sample_domain, one entry per row of X: > 0 for source "
