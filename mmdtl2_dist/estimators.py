@@ -2,19 +2,34 @@
 
 How domains are passed
 ----------------------
-Two equivalent ways:
+Two ways:
 
 1. ``fit(X, y, sample_domain=...)`` — skada's convention: one array ``X`` whose rows are
    source samples where ``sample_domain > 0`` and labelled target samples where
-   ``sample_domain < 0``. This needs one feature dimension for both devices.
-   Without ``sample_domain`` (e.g. inside scikit-learn's own checks) every sample is used
-   both as a source and as a labelled target sample: the "no device shift" case.
-2. ``fit_domains(Xs, ys, Xt, yt)`` — separate arrays, so the source and target feature
-   dimensions may differ (conv3 64,896-d source, conv5 43,264-d target).
+   ``sample_domain < 0`` (keyword only, as in skada's adapters). This needs one feature
+   dimension for both devices. The methods adapt **one** source domain to **one** target
+   domain: several positive (or several negative) ids are refused, naming the ids
+   found. A target row labelled ``-1`` — skada's mark for an unlabelled target sample,
+   which skada's pipelines put on every target row unless ``mask_target_labels=False`` —
+   is refused: only labelled target samples are used, and ``-1`` is not read as a
+   class.
+2. ``fit_domains(Xs, ys, Xt, yt)`` — separate labelled arrays, so the source and target
+   feature dimensions may differ (conv3 64,896-d source, conv5 43,264-d target). Every
+   label is a class here, ``-1`` included.
+
+Without ``sample_domain``, ``fit(X, y)`` of an adaptation method (:class:`MMDTL2`,
+:class:`MMDT`, :class:`MMDTHoffman`) is refused with a message showing both calls:
+nothing says which rows come from which device, and using every row as both source and
+target would quietly fit a model with no device shift to adapt to. The single-domain
+baselines are plain classifiers there: :class:`SourceSVM` reads every row as a source
+sample (skada infers the same for labels other than ``-1``) and :class:`TargetSVM` every
+row as a labelled target sample; both read ``-1`` as a class, as scikit-learn does.
 
 ``predict``, ``decision_function``, ``score`` and ``transform`` take **target-device**
-samples (the device being adapted to). With ``sample_domain``, rows with a positive
-domain are scored by the source classifier instead (same feature space only).
+samples (the device being adapted to). With ``sample_domain`` (keyword only), rows with
+a positive domain are scored by the source classifier instead (same feature space only).
+The ``sample_domain`` of every method is requested for scikit-learn's metadata routing by
+default, as skada's estimators request it, so skada pipelines pass it on.
 
 Preprocessing (``preprocessing=``) is fitted per device on the samples given to ``fit``
 (source rows and target rows separately) and frozen; see
@@ -129,35 +144,119 @@ def _n_rows(X) -> int:
         return int(np.asarray(X).shape[0])
 
 
-def split_domains(X, y, sample_domain):
-    """Split skada-style inputs into ``(Xs, ys, Xt, yt)``."""
-    X = check_features(X, None)
-    y = _check_labels(y, X.shape[0], "y")
-    if sample_domain is None:
-        return X, y, X, y
-    sd = np.asarray(sample_domain).reshape(-1)
-    if sd.shape[0] != X.shape[0]:
+def domain_masks(sample_domain, n: int, owner: str) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target row masks of skada's ``sample_domain`` for ``n`` rows.
+
+    skada's convention: one integer per row, ``> 0`` for a source domain, ``< 0`` for a
+    target domain; a scalar applies to every row. ``owner`` adapts one source domain to
+    one target domain, so every source row must carry one positive id and every target
+    row one negative id: several of either are refused (pooling them silently would
+    treat several devices as one).
+    """
+    sd = np.asarray(sample_domain)
+    if sd.ndim == 0:
+        sd = np.full(n, sd)
+    sd = sd.reshape(-1)
+    if sd.shape[0] != n:
         raise ValueError(
-            f"sample_domain has {sd.shape[0]} entries but X has {X.shape[0]} rows; "
+            f"sample_domain has {sd.shape[0]} entries but X has {n} rows; "
             "give one domain per sample (> 0 source, < 0 target)."
+        )
+    if sd.dtype.kind not in "iuf" or not np.all(np.isfinite(sd)):
+        raise ValueError(
+            f"sample_domain must be finite integers (> 0 source, < 0 target), got "
+            f"{sd[:3].tolist()} ... of dtype {sd.dtype}; e.g. "
+            "np.r_[np.ones(n_source, int), -np.ones(n_target, int)]."
         )
     if np.any(sd == 0):
         raise ValueError("sample_domain must be > 0 (source) or < 0 (target), never 0.")
-    src, tgt = sd > 0, sd < 0
+    for side, ids in (("source", np.unique(sd[sd > 0])), ("target", np.unique(sd[sd < 0]))):
+        if ids.size > 1:
+            raise ValueError(
+                f"sample_domain holds {ids.size} {side} domains {ids.tolist()}; {owner} "
+                f"adapts one source domain to one target domain. Fit one model per {side} "
+                f"domain, or, if the {side} domains are one device, give them one id "
+                "(e.g. sample_domain = np.sign(sample_domain))."
+            )
+    return sd > 0, sd < 0
+
+
+def _refuse_unlabelled_targets(y: np.ndarray, target: np.ndarray) -> None:
+    """Refuse target rows labelled ``-1``: skada's mark for an unlabelled target sample.
+
+    The estimators learn from labelled target samples only; reading ``-1`` as a class
+    would silently train on unknown labels (a skada pipeline masks every target label
+    with ``-1`` unless told not to).
+    """
+    if _label_kind(y, "y") != "number":
+        return
+    rows = np.flatnonzero(target & (y == -1))
+    if rows.size:
+        shown = ", ".join(map(str, rows[:10])) + (" ..." if rows.size > 10 else "")
+        raise ValueError(
+            f"{rows.size} target row(s) (sample_domain < 0) are labelled -1, skada's mark "
+            f"for an unlabelled target sample (rows {shown}); these estimators learn from "
+            "labelled target samples only and do not use unlabelled ones. Drop those rows "
+            "(keep = ~((sample_domain < 0) & (y == -1))); in a skada pipeline, keep the "
+            "target labels: make_da_pipeline(..., mask_target_labels=False). If -1 is a "
+            "real class, relabel it, or pass the arrays to fit_domains(Xs, ys, Xt, yt), "
+            "which reads every label as a class."
+        )
+
+
+def split_domains(X, y, sample_domain, owner: str = "the model"):
+    """``(Xs, ys, Xt, yt)`` from skada's inputs: one ``X``, one ``y``, one ``sample_domain``.
+
+    Rows with ``sample_domain > 0`` are source samples, rows with ``sample_domain < 0``
+    labelled target samples (:func:`domain_masks`); a target row labelled ``-1`` is
+    refused (:func:`_refuse_unlabelled_targets`).
+    """
+    X = check_features(X, None)
+    y = _check_labels(y, X.shape[0], "y")
+    src, tgt = domain_masks(sample_domain, X.shape[0], owner)
+    _refuse_unlabelled_targets(y, tgt)
     return X[src], y[src], X[tgt], y[tgt]
 
 
 class _AdaptationBase(ClassifierMixin, BaseEstimator):
-    """Shared validation, preprocessing and scoring."""
+    """Shared validation, preprocessing and scoring.
+
+    The ``__metadata_request__*`` attributes request ``sample_domain`` by default, as
+    skada's own estimators do, so that scikit-learn's metadata routing (which skada's
+    pipelines and cross-validation use) passes it to ``fit``, ``predict``,
+    ``decision_function`` and ``score`` without a ``set_*_request`` call.
+    """
+
+    __metadata_request__fit = {"sample_domain": True}
+    __metadata_request__predict = {"sample_domain": True}
+    __metadata_request__decision_function = {"sample_domain": True}
+    __metadata_request__score = {"sample_domain": True}
 
     _needs_source = True
     _needs_target = True
 
     @one_thread
-    def fit(self, X, y, sample_domain=None):
-        """Fit on source and labelled target samples (skada's ``sample_domain``)."""
-        Xs, ys, Xt, yt = split_domains(X, y, sample_domain)
-        return self.fit_domains(Xs, ys, Xt, yt)
+    def fit(self, X, y, *, sample_domain=None):
+        """Fit on source and labelled target rows of ``X`` (skada's ``sample_domain``).
+
+        ``sample_domain`` (keyword only): one integer per row, ``> 0`` for the source
+        domain, ``< 0`` for the target domain (:func:`domain_masks`). Without it an
+        adaptation method refuses, since nothing says which rows come from which device,
+        and :class:`SourceSVM` / :class:`TargetSVM` read every row as their one domain.
+        """
+        if sample_domain is None:
+            return self._fit_one_domain(X, y)
+        return self.fit_domains(*split_domains(X, y, sample_domain, type(self).__name__))
+
+    def _fit_one_domain(self, X, y):
+        """``fit`` without ``sample_domain``: refused, naming both ways to give the domains."""
+        name = type(self).__name__
+        raise ValueError(
+            f"{name}.fit needs sample_domain, one entry per row of X: > 0 for source "
+            "rows, < 0 for labelled target rows (skada's convention), e.g. "
+            f"{name}().fit(X, y, sample_domain=np.r_[np.ones(n_source), -np.ones(n_target)]); "
+            f"or pass the two domains separately: {name}().fit_domains(Xs, ys, Xt, yt)."
+        )
 
     def _validate_domains(self, Xs, ys, Xt, yt):
         check_weights(self.get_params(deep=False))
@@ -212,7 +311,7 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         )
 
     @one_thread
-    def decision_function(self, X, sample_domain=None):
+    def decision_function(self, X, *, sample_domain=None):
         """Class scores of target samples (or source rows, see module docstring).
 
         Shape (n, K) one-vs-rest scores; for two classes sklearn's convention (n,):
@@ -222,31 +321,34 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
     def _scores(self, X, sample_domain=None):
+        """(n, K) scores: target rows by the adapted classifier, source rows by the source one."""
         check_is_fitted(self)
         X = check_features(X, None)
-        if sample_domain is None or not np.any(np.asarray(sample_domain) > 0):
+        if sample_domain is None:
             return self._target_scores(X)
-        sd = np.asarray(sample_domain).reshape(-1)
-        if sd.shape[0] != X.shape[0]:
-            raise ValueError("sample_domain must have one entry per row of X.")
+        src, tgt = domain_masks(sample_domain, X.shape[0], type(self).__name__)
+        if not np.any(src):
+            return self._target_scores(X)
         out = np.empty((X.shape[0], len(self.classes_)))
-        if np.any(sd < 0):
-            out[sd < 0] = self._target_scores(X[sd < 0])
-        out[sd > 0] = self._source_scores(X[sd > 0])
+        if np.any(tgt):
+            out[tgt] = self._target_scores(X[tgt])
+        out[src] = self._source_scores(X[src])
         return out
 
     @one_thread
-    def predict(self, X, sample_domain=None):
+    def predict(self, X, *, sample_domain=None):
         """Predicted class labels."""
         check_is_fitted(self)
         return self.classes_[np.argmax(self._scores(X, sample_domain), axis=1)]
 
     @one_thread
-    def score(self, X, y, sample_domain=None, sample_weight=None):
+    def score(self, X, y, *, sample_domain=None, sample_weight=None):
         """Accuracy on target samples."""
         from sklearn.metrics import accuracy_score
 
-        return accuracy_score(y, self.predict(X, sample_domain), sample_weight=sample_weight)
+        return accuracy_score(
+            y, self.predict(X, sample_domain=sample_domain), sample_weight=sample_weight
+        )
 
     def _source_scores(self, X):
         raise ValueError(f"{type(self).__name__} does not score source-device samples.")
@@ -289,15 +391,8 @@ class TargetSVM(_LinearSVMBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
-    @one_thread
-    def fit(self, X, y, sample_domain=None):
-        if sample_domain is not None:
-            sd = np.asarray(sample_domain).reshape(-1)
-            X = check_features(X, None)
-            y = _check_labels(y, X.shape[0], "y")
-            if sd.shape[0] != X.shape[0]:
-                raise ValueError("sample_domain must have one entry per row of X.")
-            return self.fit_domains(None, None, X[sd < 0], y[sd < 0])
+    def _fit_one_domain(self, X, y):
+        """Without ``sample_domain`` every row is a labelled target sample (a plain SVM)."""
         return self.fit_domains(None, None, X, y)
 
     @one_thread
@@ -329,6 +424,10 @@ class SourceSVM(_LinearSVMBase):
         self.preprocessing = preprocessing
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
+
+    def _fit_one_domain(self, X, y):
+        """Without ``sample_domain`` every row is a source sample: the source-only SVM."""
+        return self.fit_domains(X, y)
 
     @one_thread
     def fit_domains(self, Xs, ys, Xt=None, yt=None):
@@ -401,7 +500,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         own parameters are used. Otherwise the set that cross-validates best on the
         labelled target samples (one per class held out per fold; lowest held-out hinge
         loss when the grid keeps ``c_s``, ``c_t`` and the kernel fixed, else best
-        accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used (issue 8).
+        accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used.
     allow_target_only_classes : bool
         Accept target classes with no source sample (their hyperplane starts from an
         all-negative source SVM).
@@ -732,7 +831,7 @@ class MMDT(TransformerMixin, _AdaptationBase):
 
 
 class MMDTHoffman(_AdaptationBase):
-    """MMDT as in Hoffman et al.'s reference MATLAB code (DESIGN.md §5), on Gram matrices.
+    """MMDT as in Hoffman et al.'s reference MATLAB code, on Gram matrices.
 
     Like the reference code it is **transductive**: the PCA to ``pca_dim`` dimensions is
     fitted on the training *and* the test samples, so ``fit`` stores the training data

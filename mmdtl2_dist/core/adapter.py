@@ -8,7 +8,8 @@ where:
 
 - ``k(x̂)`` (M,) are the kernel values between ``x`` and the M labelled target training
   samples (after the target device's frozen preprocessing),
-- ``P`` (K, M) are the prediction coefficients ``βᵀ Kz Γ C`` (DESIGN.md §4),
+- ``P`` (K, M) are the prediction coefficients ``βᵀ Kz Γ C``
+  (:mod:`mmdtl2_dist.core.mmdtl2`, "Everything on Gram matrices"),
 - ``V`` (Lt + 1, K) is the prior term ``W0ᵀ Θ`` (zero for the paper's zero prior),
 - ``b`` (K,) are the biases.
 

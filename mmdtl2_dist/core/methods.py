@@ -11,11 +11,11 @@ Methods (parameter defaults in :data:`DEFAULTS`):
 - ``target_svm``: the same on the labelled target samples only.
 - ``mmdt``: MMDT in the paper's form (Problem 2): MMDTL2 with ``c_f = 1``, ``c_d = 0`` and
   Hoffman et al.'s weights ``c_s = 0.05``, ``c_t = 1``.
-- ``mmdt_hoffman``: MMDT as in Hoffman et al.'s reference code (DESIGN.md §5), see
+- ``mmdt_hoffman``: MMDT as in Hoffman et al.'s reference MATLAB code, see
   :mod:`mmdtl2_dist.core.mmdt_hoffman`.
 - ``mmdtl2``: MMDTL2 (linear, RBF or polynomial target kernel; prior ``zero`` (the paper),
   ``identity`` or a user-supplied ``matrix`` (its Gram blocks in the problem), each with a
-  mixing weight ``prior_weight``; issue 8).
+  mixing weight ``prior_weight``, :mod:`mmdtl2_dist.core.priors`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """MMDTL2 on Gram matrices: the W-step dual, the SVM-step, the alternation, prediction.
 
-Notation follows Tamaki et al. (the paper, ``seed/mmdtl2_paper.tex``) and DESIGN.md §2-4.
+Notation, equation, lemma and corollary numbers follow Tamaki et al. (the paper: *Domain
+Adaptation with L2 constraints for classifying images from different endoscope systems*).
 
 The problem (paper eq. (9)-(10), generalised with a prior transform ``W0``)
 -----------------------------------------------------------------------------
@@ -13,7 +14,7 @@ Alternate between
   (one-vs-rest, the bias regularised with the weights),
 
 where ``s_nm = c_d [y_n = y_m]``. ``W0 = 0`` is the paper. With ``W = W0 + Δ`` the W-step is
-the paper's problem in ``Δ`` with two changes (issue 8): every constraint gets the offset
+the paper's problem in ``Δ`` with two changes: every constraint gets the offset
 ``θ_kᵀ W0 x̂_m`` (added to ``b_k``), and the L2 pull targets the residuals
 ``x_n − W0 x̂_m``. The paper's derivation (appendix, Lemmas 3-7 and Corollary 1) then goes
 through unchanged with ``q = vec(Σ s_nm (x_n − W0 x̂_m) x̂_mᵀ) = vec((Xs S − W0 X̂t S_M) X̂tᵀ)``
@@ -484,7 +485,7 @@ def fit_mmdtl2_gram(
     init: str = "source",
     progress=None,
 ) -> MMDTL2Fit:
-    """Fit MMDTL2 by alternation, on Gram matrices only (DESIGN.md §4).
+    """Fit MMDTL2 by alternation, on Gram matrices only (see the module docstring).
 
     Parameters
     ----------

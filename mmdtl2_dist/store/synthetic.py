@@ -1,8 +1,8 @@
 """Seeded synthetic CNN-like features for two devices, written to a store shard by shard.
 
-The paper's conv features are not public (DESIGN.md §6); this generator stands in for
-them at the paper's sizes (734 source and 279 target samples, 64,896-d conv3 and
-optionally a 43,264-d conv5-like target space) and larger.
+The conv features of Tamaki et al.'s endoscope images are not public; this generator
+stands in for them at the paper's sizes (734 source and 279 target samples, 64,896-d conv3
+and optionally a 43,264-d conv5-like target space) and larger.
 
 Model (per device ``d``, sample ``i`` of class ``y_i``)::
 
