@@ -37,7 +37,6 @@ from loopback import (
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "run_on_a_cluster.md"
 CLUSTER_README = ROOT / "cluster" / "README.md"
-README = ROOT / "README.md"
 MMDTL2 = shlex.split(os.environ.get("MMDTL2_CLI", f"{sys.executable} -m mmdtl2_dist.cli"))
 JOB_TIMEOUT = 300  # seconds; a job here takes 10-60 s on a busy 2-core machine
 
@@ -85,9 +84,7 @@ def doc_commands(doc: Path) -> set[str]:
     return commands
 
 
-@pytest.mark.parametrize(
-    "doc", [DOC, CLUSTER_README, README], ids=lambda p: p.parent.name + "/" + p.name
-)
+@pytest.mark.parametrize("doc", [DOC, CLUSTER_README], ids=lambda p: p.parent.name + "/" + p.name)
 def test_documented_commands_are_the_tested_ones(doc):
     documented = doc_commands(doc)
     expected = [
