@@ -60,7 +60,7 @@ SUBMIT_STUDY = (
 )
 SUBMIT_GRAM_NO_WAIT = (
     "mmdtl2 submit --address {address} --installed --no-wait -- python -m mmdtl2_dist.cli "
-    "gram {shared}/study.zarr --space conv3 --out {shared}/grams/conv3 --address auto"
+    "gram {shared}/study.zarr --space conv3 --address auto"
 )
 FOLLOW = "mmdtl2 submit --address {address} --follow {job_id}"
 STOP = "mmdtl2 submit --address {address} --stop {job_id}"
@@ -283,13 +283,16 @@ def test_no_wait_follow_and_stop(cluster, shared, store):
     assert followed.returncode == 0, followed.stderr
     assert "tiles" in followed.stdout  # the Gram command's own summary, streamed
 
-    from mmdtl2_dist.engine.gram_store import GramStore
+    from mmdtl2_dist.core.preprocessing import fit_preprocessing
+    from mmdtl2_dist.engine import GramStore, gram_location
     from mmdtl2_dist.store.feature_store import FeatureStore
 
+    # The Gram is where the documented study (preprocessing l2_zscore) finds it.
     fs = FeatureStore.open(store)
-    gram = GramStore.open(shared / "grams" / "conv3")
-    assert gram.complete
-    X = np.concatenate([fs.read(d, "conv3") for d in gram.devices]).astype(np.float64)
+    gram = GramStore.open(gram_location(fs, "conv3", "l2_zscore"))
+    assert gram.complete and gram.path.parent == shared / "study.zarr.grams"
+    raw = [fs.read(d, "conv3").astype(np.float64) for d in gram.devices]
+    X = np.concatenate([fit_preprocessing(x, "l2_zscore").transform(x) for x in raw])
     # Same float64 sums in another order: a few ulps of the largest entries.
     np.testing.assert_allclose(gram.to_numpy(), X @ X.T, rtol=1e-10, atol=1e-8)
 

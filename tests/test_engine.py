@@ -226,6 +226,18 @@ _DRIVER = textwrap.dedent(
 )
 
 
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL a driver started in a session of its own, with its raylet and workers."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in children:  # those that left the session
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.communicate()
+
+
 @pytest.mark.ray
 def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
     data = _store(tmp_path / "st", {"a": 30, "b": 18}, 64, chunk_rows=8, seed=1)
@@ -257,14 +269,7 @@ def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
             break
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()
-    children = psutil.Process(proc.pid).children(recursive=True)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver's own session: driver, raylet, workers
-    for child in children:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.communicate()
+    kill_session(proc)
     before = {p.stem: json.loads(p.read_text()) for p in tiles.glob("*.json")}
     assert 4 <= len(before) < n_tiles
     with pytest.raises(ValueError, match="incomplete"):
@@ -304,8 +309,9 @@ def test_resume_checks_parameters_and_finished_jobs_return_at_once(ray_local, tm
     assert again.finished_tiles() == markers
     with pytest.raises(ValueError, match="other parameters.*preprocessing"):
         compute_gram(tmp_path / "st", "s", tmp_path / "g", preprocessing="l2", progress=False)
-    with pytest.raises(ValueError, match="tile_rows"):
-        compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=4, progress=False)
+    # A complete Gram is used as it is, whatever tile size is asked for.
+    other = compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=4, progress=False)
+    assert other.reused and other.tile_rows == 8 and other.finished_tiles() == markers
     with pytest.raises(ValueError, match="unknown space"):
         compute_gram(tmp_path / "st", "nope", tmp_path / "h", progress=False)
     with pytest.raises(ValueError, match="preprocessing must be one of"):

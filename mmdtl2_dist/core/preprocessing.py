@@ -32,6 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 PREPROCESSING = ("none", "l2", "zscore", "l2_zscore")
+#: A study's preprocessing when its spec names none, and ``mmdtl2 gram``'s (so that a
+#: study finds the Gram that command computed).
+DEFAULT_PREPROCESSING = "l2_zscore"
 
 
 def _check_method(method: str) -> None:

@@ -24,6 +24,7 @@ from mmdtl2_dist.engine.gram_store import (
     TILES_DIR,
     GramStore,
 )
+from mmdtl2_dist.engine.location import gram_location, gram_lock, make_gram_dir
 from mmdtl2_dist.engine.plan import (
     DEFAULT_TASK_MEMORY_MB,
     choose_tile_rows,
@@ -36,23 +37,16 @@ from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.outputs import OutputKind, StagedOutput, claim_output
 
-_JOB_KEYS = (
-    "store_fingerprint",
-    "space",
-    "devices",
-    "n_rows",
-    "n_features",
-    "preprocessing",
-    "tile_rows",
-    "col_blocks",
-)
+#: What a Gram's values depend on: a complete Gram that matches them is used as it is.
+_GRAM_KEYS = ("store_fingerprint", "space", "devices", "n_rows", "n_features", "preprocessing")
+#: A partial Gram is resumed only with the same tiles and feature blocks as well.
+_JOB_KEYS = (*_GRAM_KEYS, "tile_rows", "col_blocks")
 
 
-def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_blocks) -> dict:
+def _gram_identity(fs: FeatureStore, space: str, devices: list, preprocessing: str) -> dict:
+    """The values of :data:`_GRAM_KEYS` for a Gram of ``fs`` (and the row offsets)."""
     sizes = [fs.shape(d, space)[0] for d in devices]
     return {
-        "format": GRAM_FORMAT,
-        "store": str(fs.path),
         "store_fingerprint": fs.fingerprint,
         "space": space,
         "devices": devices,
@@ -60,6 +54,14 @@ def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_bl
         "n_rows": int(sum(sizes)),
         "n_features": int(fs.shape(devices[0], space)[1]),
         "preprocessing": preprocessing,
+    }
+
+
+def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_blocks) -> dict:
+    return {
+        "format": GRAM_FORMAT,
+        "store": str(fs.path),
+        **_gram_identity(fs, space, devices, preprocessing),
         "tile_rows": int(tile_rows),
         "col_blocks": [list(b) for b in col_blocks],
         "stats_done": preprocessing == "none",
@@ -301,8 +303,9 @@ def _load_stats(out: Path, job: dict):
 def compute_gram(
     store_path: str | os.PathLike,
     space: str,
-    out_path: str | os.PathLike,
+    out_path: str | os.PathLike | None = None,
     *,
+    gram_dir: str | os.PathLike | None = None,
     preprocessing: str = "none",
     tile_rows: int | None = None,
     address: str | None = None,
@@ -326,11 +329,16 @@ def compute_gram(
         Feature store.
     space : str
         Feature space.
-    out_path : str or Path
-        Gram store to create (a missing path or an empty directory), or one to resume or
-        re-check: finished tiles are verified (checksums and the hash recorded when
-        written) and skipped, damaged ones are recomputed and named on stderr and in
-        ``last_run["repaired"]``. Anything else at the path is refused.
+    out_path : str or Path, optional
+        The Gram store's exact folder. Default: ``<gram_dir>/<key>``
+        (:func:`~mmdtl2_dist.engine.location.gram_location`), where every study on the
+        same store content, space and preprocessing finds it. A missing path or an empty
+        directory is created; a Gram store there is resumed or re-checked: finished tiles
+        are verified (checksums and the hash recorded when written) and skipped, damaged
+        ones are recomputed and named on stderr and in ``last_run["repaired"]``. Anything
+        else at the path is refused.
+    gram_dir : str or Path, optional
+        The Gram folder (default ``<store>.grams`` beside the store); not with ``out_path``.
     preprocessing : {"none", "l2", "zscore", "l2_zscore"}
         Applied per device with statistics over all that device's samples
         (:mod:`mmdtl2_dist.core.preprocessing`); the statistics are stored.
@@ -357,20 +365,79 @@ def compute_gram(
     Returns
     -------
     GramStore
-        The finished store; ``last_run`` says how many tiles were computed and skipped.
+        The finished store; ``last_run`` says how many tiles this call computed, skipped
+        and repaired, and ``reused`` is true when it found the Gram complete and intact.
+
+    Notes
+    -----
+    A complete Gram of the same store content, space, devices and preprocessing is
+    verified and used as it is, whatever its tile size; a partial one is resumed with its
+    own tiles and feature blocks (other ``tile_rows`` are refused). The call holds the
+    Gram's lock (:func:`~mmdtl2_dist.engine.location.gram_lock`) throughout: a second
+    call for the same Gram waits for it, then uses the finished Gram.
     """
     if preprocessing not in PREPROCESSING:
         raise ValueError(f"preprocessing must be one of {PREPROCESSING}, got {preprocessing!r}.")
+    if out_path is not None and gram_dir is not None:
+        raise ValueError("give out_path (an exact Gram folder) or gram_dir, not both.")
     fs = FeatureStore.open(store_path)
+    if out_path is None:
+        out = gram_location(fs, space, preprocessing, gram_dir)
+    else:
+        out = Path(out_path).expanduser().absolute()
+    claim_output(out, GRAM_OUTPUT, overwrite=None)  # resume our own Gram, touch nothing else
+    make_gram_dir(out.parent)
+    with gram_lock(out, progress):
+        return _compute(
+            fs,
+            space,
+            out,
+            preprocessing=preprocessing,
+            tile_rows=tile_rows,
+            address=address,
+            max_task_memory_mb=max_task_memory_mb,
+            progress=progress,
+            num_cpus=num_cpus,
+            max_retries=max_retries,
+            max_in_flight=max_in_flight,
+        )
+
+
+def _complete_gram_of(stored: dict | None, fs: FeatureStore, space, devices, preprocessing):
+    """Whether ``stored`` (a job.json) is a complete Gram of these values, any tile size."""
+    if not stored or not stored.get("complete"):
+        return False
+    want = _gram_identity(fs, space, devices, preprocessing)
+    return all(stored.get(k) == want[k] for k in _GRAM_KEYS)
+
+
+def _compute(
+    fs: FeatureStore,
+    space: str,
+    out: Path,
+    *,
+    preprocessing: str,
+    tile_rows: int | None,
+    address: str | None,
+    max_task_memory_mb: float,
+    progress: bool,
+    num_cpus: int | None,
+    max_retries: int,
+    max_in_flight: int | None,
+) -> GramStore:
+    """Create, resume or re-check the Gram job at ``out`` and run its missing tiles.
+
+    The caller holds the Gram's lock.
+    """
     devices = fs.devices_in(space)
-    out = Path(out_path).absolute()
     arr0 = fs.array(devices[0], space)
     itemsize = arr0.dtype.itemsize
     n_rows = sum(fs.shape(d, space)[0] for d in devices)
     n_features = fs.shape(devices[0], space)[1]
     chunk_rows, chunk_cols = arr0.chunks
-    claim_output(out, GRAM_OUTPUT, overwrite=None)  # resume our own Gram, touch nothing else
     stored = json.loads((out / JOB_FILE).read_text()) if (out / JOB_FILE).exists() else None
+    if _complete_gram_of(stored, fs, space, devices, preprocessing):
+        tile_rows = stored["tile_rows"]  # used as it is, whatever tile size was asked for
     if tile_rows is None:
         tile_rows = (
             stored["tile_rows"]
@@ -398,6 +465,7 @@ def compute_gram(
     repaired = _forget_damaged(out, job, tiles, progress) if stored else []
     if job.get("complete"):
         gs = GramStore.open(out)
+        gs.reused = True
         gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
         gs.last_run["seconds"] = time.monotonic() - t_start
         return gs

@@ -4,8 +4,10 @@
 
 1. prepares the data (the given store, or builds the bundled / synthetic one in
    ``<output>/data``), validates the spec against it;
-2. computes each feature space's Gram **once** with the engine
-   (``<output>/grams/<space>__<preprocessing>``; an existing complete Gram is reused);
+2. finds each feature space's Gram in the store's Gram folder (``[data] gram_dir``,
+   default ``<store>.grams`` beside the store; :mod:`mmdtl2_dist.engine.location`), keyed
+   by the store's content, the space and the preprocessing: a Gram that ``mmdtl2 gram``
+   or another study computed is reused, else the engine computes it there **once**;
 3. draws the splits and writes the plan (``<output>/plan.json`` + ``plan.npz``, data
    only: :mod:`mmdtl2_dist.study.plan`) — trials only read it;
 4. runs every trial (method configuration x samples per class) as a Ray Tune trial
@@ -127,30 +129,41 @@ def resolve_pairs(spec: StudySpec, fs) -> list[tuple[str, str]]:
     return list(spec.pairs)
 
 
-def gram_path(spec: StudySpec, space: str) -> Path:
-    return spec.output / "grams" / f"{space}__{spec.preprocessing}"
-
-
 def compute_grams(
     spec: StudySpec, store: Path, *, address: str | None, progress: bool | None
 ) -> dict[str, str]:
-    """Compute (or reuse) the Gram of each feature space of the study."""
+    """The Gram of each feature space of the study: reused if present, else computed."""
     from mmdtl2_dist.engine import compute_gram
 
     out = {}
     for space in dict.fromkeys([spec.source_space, spec.target_space]):
-        p = gram_path(spec, space)
-        p.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         g = compute_gram(
-            store, space, p, preprocessing=spec.preprocessing, address=address, progress=progress
+            store,
+            space,
+            gram_dir=spec.gram_dir,
+            preprocessing=spec.preprocessing,
+            address=address,
+            progress=progress,
         )
+        how = "reused" if g.reused else f"computed ({g.last_run['computed']} tiles)"
         say(
             progress,
-            f"study: Gram of {space!r} ({g.n} samples) ready in "
-            f"{time.perf_counter() - t0:.1f} s at {p}",
+            f"study: Gram of {space!r} ({g.n} samples) {how} in "
+            f"{time.perf_counter() - t0:.1f} s: {g.path}",
         )
-        out[space] = str(p)
+        out[space] = str(g.path)
+    return out
+
+
+def gram_provenance(grams: dict[str, str]) -> dict[str, dict]:
+    """Key, folder and store fingerprint of each Gram of a study (state and MLflow)."""
+    from mmdtl2_dist.engine import GramStore
+
+    out = {}
+    for space, path in grams.items():
+        g = GramStore.open(path)
+        out[space] = {"key": g.key, "path": path, "store_fingerprint": g.job["store_fingerprint"]}
     return out
 
 
@@ -742,6 +755,8 @@ def _run_study(
         t0 = time.perf_counter()
         grams = compute_grams(spec, store, address=address, progress=progress)
         gram_s = time.perf_counter() - t0 + data_s
+        provenance = gram_provenance(grams)
+        _write_state(spec, {"grams": provenance})
         plan_path = out / PLAN_FILE
         plan = _study_plan(spec, store, split_file, grams, plan_path)
         from mmdtl2_dist.store.feature_store import FeatureStore
@@ -756,7 +771,9 @@ def _run_study(
             "study": spec.name,
         }
         tracker.log_parent(
-            params=_flat_params(spec), tags=tags, files=[spec.path] if spec.path else []
+            params={**_flat_params(spec), **{f"gram.{s}": g["key"] for s, g in provenance.items()}},
+            tags={**tags, **{f"gram_path.{s}": g["path"] for s, g in provenance.items()}},
+            files=[spec.path] if spec.path else [],
         )
         trials = spec.trials()
         n_units = sum(len(p.splits) for p in plan.pairs)
