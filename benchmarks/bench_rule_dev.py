@@ -56,6 +56,7 @@ from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, cv_fo
 from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
 N_CLASSES = 10
+HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
 # (label, fixed parameters, transductive prior or None, d in units of the class count C)
 CANDIDATES = (
     ("λ=0", {"prior": "identity", "prior_weight": 0.0, "c_f": 1.0}, None, None),
@@ -63,8 +64,8 @@ CANDIDATES = (
     ("identity λ=1", {"prior": "identity", "prior_weight": 1.0, "c_f": 1.0}, None, None),
     ("SA d=4C", {"prior": "matrix", "prior_weight": 1.0, "c_f": 1.0}, "sa", 4),
     ("shared PCA d=2C", {"prior": "matrix", "prior_weight": 1.0, "c_f": 1.0}, "shared_pca", 2),
-    ("shared PCA d=2C λ=0.5", {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}, "shared_pca", 2),
-    ("shared PCA d=4C λ=0.5", {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}, "shared_pca", 4),
+    ("shared PCA d=2C λ=0.5", {**HALF}, "shared_pca", 2),
+    ("shared PCA d=4C λ=0.5", {**HALF}, "shared_pca", 4),
 )  # fmt: skip
 LABELS = [c[0] for c in CANDIDATES]
 MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fits at most
@@ -136,6 +137,164 @@ def collect(job, data_dir, seed):
     return rec
 
 
+def paired_gain(rec, alt: str, default: str, signal: str = "cv_hit") -> tuple[float, float]:
+    """Mean and standard error of ``alt``'s per-held-out-sample gain over ``default``
+    (held-out correctness, or the hinge loss with the sign turned so that higher is better)."""
+    a, b = np.array(rec[signal][alt], float), np.array(rec[signal][default], float)
+    diff = (a - b) if signal == "cv_hit" else (b - a)
+    if diff.size < 2:
+        return 0.0, np.inf
+    return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
+
+
+def guarded(default: str, alternatives, signal: str = "cv_hit", z: float = 1.0):
+    """The rule: ``default`` unless an alternative's paired CV gain over it exceeds ``z``
+    standard errors (then the alternative with the largest gain). Without folds (one
+    labelled sample per class) it is ``default``. Cost: folds × (1 + alternatives) + 1."""
+
+    def rule(rec):
+        n_folds = len(rec["cv_hit"][default]) // N_CLASSES
+        best, best_gain = default, 0.0
+        for alt in alternatives:
+            gain, se = paired_gain(rec, alt, default, signal)
+            if gain > z * se and gain > best_gain:
+                best, best_gain = alt, gain
+        cost = 1 + (n_folds * (1 + len(alternatives)) if n_folds else 0)
+        return best, cost
+
+    return rule
+
+
+def argmax_rule(signal: str, among=None):
+    """The candidate with the best ``signal`` (CV accuracy with hinge ties, or reverse-kNN)."""
+
+    def rule(rec):
+        cands = among or LABELS
+        n_folds = len(rec["cv_hit"][cands[0]]) // N_CLASSES
+        if signal == "cv":
+            if not n_folds:
+                return cands[0], 1
+            key = {c: (np.mean(rec["cv_hit"][c]), -np.mean(rec["cv_hinge"][c])) for c in cands}
+            return max(cands, key=key.get), 1 + n_folds * len(cands)
+        return max(cands, key=lambda c: rec[signal][c]), 1 + len(cands)
+
+    return rule
+
+
+def fixed(label: str):
+    return lambda rec: (label, 1)
+
+
+def rule_table(records, rules: dict) -> dict:
+    """Per label budget and shift: accuracy (mean, SE over splits, %) of every rule, the
+    reference SVMs, the mean cost of each rule and how often it picks each candidate."""
+    out: dict = {}
+    for rec in records:
+        ds, s, t, _, n = rec["job"]
+        key = f"{ds}:{s[0].upper()}→{t[0].upper()}"
+        cell = out.setdefault(n, {}).setdefault(key, {"source SVM": [], "target SVM": []})
+        cell["source SVM"].append(rec["ref"]["source_svm"])
+        cell["target SVM"].append(rec["ref"]["target_svm"])
+        for name, rule in rules.items():
+            pick, cost = rule(rec)
+            cell.setdefault(name, []).append(rec["acc"][pick])
+            cell.setdefault(f"{name} #cost", []).append(cost)
+            cell.setdefault(f"{name} #pick", []).append(pick)
+    return out
+
+
+def format_rule_tables(table: dict, rules: dict) -> str:
+    """Per budget: per-shift mean ± SE, dataset means, worst gap to max(source, target SVM)
+    and the shifts lost by more than one standard error."""
+    lines = []
+    names = ["source SVM", "target SVM", *rules]
+    for n in sorted(table):
+        lines += [f"\n## {n} labelled target sample(s) per class\n"]
+        lines += ["| shift | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        by_ds: dict = {}
+        lost: dict = {}
+        worst: dict = {}
+        for key, cell in table[n].items():
+            stats = {}
+            for c in names:
+                a = np.array(cell[c]) * 100
+                se = a.std(ddof=1) / np.sqrt(a.size) if a.size > 1 else 0.0
+                stats[c] = (a.mean(), se)
+            best = max(stats["source SVM"][0], stats["target SVM"][0])
+            by_ds.setdefault(key.split(":")[0], []).append((stats, best))
+            for c in names:
+                gap = stats[c][0] - best
+                worst[c] = min(worst.get(c, np.inf), gap)
+                if gap < -stats[c][1]:
+                    lost.setdefault(c, []).append(f"{key} ({gap:+.1f})")
+            lines.append(
+                f"| {key} | " + " | ".join(f"{m:.1f} ± {e:.1f}" for m, e in stats.values()) + " |"
+            )
+        groups = {**by_ds, "all": [x for v in by_ds.values() for x in v]}
+        for g, cells in groups.items():
+            means = [np.mean([st[c][0] for st, _ in cells]) for c in names]
+            lines.append(f"| **mean {g}** | " + " | ".join(f"**{m:.1f}**" for m in means) + " |")
+            lines.append(
+                f"| max(src, tgt SVM) {g} | {np.mean([b for _, b in cells]):.1f} |"
+                + " |" * (len(names) - 1)
+            )
+        lines.append("| worst gap to max(src, tgt SVM) | " + " | ".join(
+            f"{worst[c]:+.1f}" for c in names) + " |")  # fmt: skip
+        costs = [
+            np.mean([x for cell in table[n].values() for x in cell[f"{r} #cost"]]) for r in rules
+        ]
+        lines.append("| mean cost (fits) | | | " + " | ".join(f"{c:.0f}" for c in costs) + " |")
+        lines.append("\nShifts lost by more than one standard error:")
+        for c in names:
+            lines.append(f"  {c}: {len(lost.get(c, []))}  {', '.join(lost.get(c, []))}")
+    return "\n".join(lines)
+
+
+def compact_summary(table: dict, rules: dict) -> str:
+    """One row per rule and label budget: dataset means, overall mean, mean of the
+    per-shift max(source, target SVM), worst per-shift gap to it, shifts lost by more than
+    one standard error, mean cost in fits."""
+    lines = [
+        "| rule | labels/class | surf | googlenet1024 | decaf6 | all | max(src,tgt) all "
+        "| worst gap | lost | cost |",
+        "|---" * 10 + "|",
+    ]
+    for name in ["source SVM", "target SVM", *rules]:
+        for n in sorted(table):
+            ds_means: dict = {}
+            gaps, lost, best_all, costs = [], 0, [], []
+            for key, cell in table[n].items():
+                a = np.array(cell[name]) * 100
+                se = a.std(ddof=1) / np.sqrt(a.size) if a.size > 1 else 0.0
+                best = max(np.mean(cell["source SVM"]), np.mean(cell["target SVM"])) * 100
+                ds_means.setdefault(key.split(":")[0], []).append(a.mean())
+                gaps.append(a.mean() - best)
+                best_all.append(best)
+                lost += a.mean() - best < -se
+                costs += cell.get(f"{name} #cost", [1])
+            cols = [f"{np.mean(ds_means[d]):.1f}" if d in ds_means else "n/a" for d in DATASETS]
+            overall = np.mean([x for v in ds_means.values() for x in v])
+            lines.append(
+                f"| {name} | {n} | " + " | ".join(cols) + f" | {overall:.1f}"
+                f" | {np.mean(best_all):.1f} | {min(gaps):+.1f} | {lost} | {np.mean(costs):.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def explore_rules() -> dict:
+    """The rules compared on dev: every candidate fixed, argmax rules, guarded defaults."""
+    rules = {c: fixed(c) for c in LABELS}
+    rules["CV argmax (all 7)"] = argmax_rule("cv")
+    rules["rkNN argmax (all 7)"] = argmax_rule("rknn")
+    for d in ("SA d=4C", "shared PCA d=4C λ=0.5", "shared PCA d=2C λ=0.5", "identity λ=0.5"):
+        for alts in (("λ=0", "identity λ=1"), ("λ=0", "shared PCA d=2C")):
+            if d in alts:
+                continue
+            for sig in ("cv_hit", "cv_hinge"):
+                rules[f"G[{d}|{','.join(alts)}|{sig[3:]}]"] = guarded(d, alts, sig)
+    return rules
+
+
 def jobs_for(datasets, data_dir, labels, splits):
     """(dataset, source, target, split, n_lab) of every split, skipping infeasible budgets."""
     out = []
@@ -157,7 +316,13 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=5)
     ap.add_argument("--set", choices=list(SEEDS), default="dev")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
     args = ap.parse_args()
+    if args.rules is not None:
+        records = json.loads(args.rules.read_text())["records"]
+        rules = explore_rules()
+        print(compact_summary(rule_table(records, rules), rules))
+        return
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     data_dir = None if args.data is None else str(args.data.resolve())
     args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}.json"
@@ -178,8 +343,10 @@ def main() -> None:
         "datasets": datasets,
         "labels": args.labels,
         "splits": args.splits,
-        "candidates": [{"label": c[0], "params": c[1], "prior": c[2], "d/C": c[3]} for c in CANDIDATES],
-    }  # fmt: skip
+        "candidates": [
+            {"label": c[0], "params": c[1], "prior": c[2], "d/C": c[3]} for c in CANDIDATES
+        ],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "records": records}, ensure_ascii=False))
     print(f"{len(jobs)} splits, {meta['wall_s']:.0f} s -> {args.out}")
