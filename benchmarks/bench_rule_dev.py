@@ -295,6 +295,67 @@ def explore_rules() -> dict:
     return rules
 
 
+# The rule frozen on dev (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data").
+FROZEN = {
+    "no_folds": "shared PCA d=2C",
+    "default": "shared PCA d=4C λ=0.5",
+    "alternatives": ("λ=0", "identity λ=1"),
+    "signal": "cv_hinge",
+    "z": 1.0,
+}
+
+
+def frozen_pick(rec) -> tuple[str, int]:
+    """The frozen rule on a record: without per-class folds its fold-free prior, else the
+    default guarded against the alternatives by the paired held-out hinge loss."""
+    if not rec["cv_hit"].get(FROZEN["default"]):
+        return FROZEN["no_folds"], 1
+    rule = guarded(FROZEN["default"], FROZEN["alternatives"], FROZEN["signal"], FROZEN["z"])
+    return rule(rec)
+
+
+def collect_frozen(job, data_dir, seed):
+    """The frozen rule on one split with only the fits it needs (the reference SVMs
+    aside), its pick, its cost in fits and its wall time against one fit of the pick."""
+    dataset, source, target, k, n_lab = job
+    Ks, Kt, Kst, ys_all, yt_all, bases = shift_grams(dataset, source, target, data_dir)
+    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
+    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    spec = {c[0]: c for c in CANDIDATES}
+    base = pool.problem(ys_all[src], yt_all[lab])
+    yq = yt_all[test]
+    rec = {"ref": {}, "acc": {}, "cv_hit": {}, "cv_hinge": {}}
+    for m in ("source_svm", "target_svm"):
+        rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
+    t0 = time.perf_counter()
+    folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
+    names = [FROZEN["default"], *FROZEN["alternatives"]] if folds else [FROZEN["no_folds"]]
+    keys = {(spec[c][2], spec[c][3] * N_CLASSES) for c in names if spec[c][2] is not None}
+    maps = prior_maps(pool, bases, keys)
+    probs = {
+        c: base if spec[c][2] is None
+        else pool.problem(base.ys, base.yt, maps[spec[c][2], spec[c][3] * N_CLASSES].blocks(pool))
+        for c in names
+    }  # fmt: skip
+    all_idx = np.arange(len(base.yt))
+    for c in names if folds else []:
+        hits, hinge = [], []
+        for held in folds:
+            r = fit_predict(
+                "mmdtl2", spec[c][1], sub_problem(probs[c], np.setdiff1d(all_idx, held), held)
+            )
+            hits += (r.y_pred == base.yt[held]).astype(int).tolist()
+            hinge += _multiclass_hinge(r.scores, r.classes, base.yt[held]).tolist()
+        rec["cv_hit"][c], rec["cv_hinge"][c] = hits, hinge
+    pick, cost = frozen_pick(rec)
+    t1 = time.perf_counter()
+    res = fit_predict("mmdtl2", spec[pick][1], probs[pick])
+    t2 = time.perf_counter()
+    rec["acc"][pick] = float(np.mean(res.y_pred == yq))
+    rec.update(pick=pick, cost=cost, select_s=t2 - t0, final_fit_s=t2 - t1)
+    return rec
+
+
 def jobs_for(datasets, data_dir, labels, splits):
     """(dataset, source, target, split, n_lab) of every split, skipping infeasible budgets."""
     out = []
@@ -308,6 +369,28 @@ def jobs_for(datasets, data_dir, labels, splits):
     return out
 
 
+def write_frozen_tables(records, meta, path: Path) -> None:
+    """The frozen rule's per-budget tables, its cost and its picks, printed and written."""
+    rules = {"frozen rule": lambda rec: (rec["pick"], rec["cost"])}
+    table = rule_table(records, rules)
+    ratio = [r["select_s"] / max(r["final_fit_s"], 1e-9) for r in records]
+    picks: dict = {}
+    for r in records:
+        picks.setdefault(r["job"][4], {}).setdefault(r["pick"], 0)
+        picks[r["job"][4]][r["pick"]] += 1
+    text = (
+        f"# `{meta['command']}` ({meta['split_set']}; mean ± standard error over splits, %)\n"
+        + format_rule_tables(table, rules)
+        + "\n\n"
+        + compact_summary(table, rules)
+        + f"\n\nPicks per label budget: {picks}\n"
+        + f"Selection wall time / one fit of the pick: median {np.median(ratio):.1f}, "
+        + f"90th percentile {np.percentile(ratio, 90):.1f}, max {np.max(ratio):.1f}\n"
+    )
+    print(text)
+    path.write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=None)
@@ -317,6 +400,7 @@ def main() -> None:
     ap.add_argument("--set", choices=list(SEEDS), default="dev")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
+    ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
     args = ap.parse_args()
     if args.rules is not None:
         records = json.loads(args.rules.read_text())["records"]
@@ -325,13 +409,15 @@ def main() -> None:
         return
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     data_dir = None if args.data is None else str(args.data.resolve())
-    args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}.json"
+    name = f"rule_{args.set}" + ("_frozen" if args.frozen else "")
+    args.out = args.out or Path(__file__).parent / "results" / f"{name}.json"
+    run = collect_frozen if args.frozen else collect
     jobs = jobs_for(datasets, data_dir, args.labels, args.splits)
     t0 = time.perf_counter()
     records = []
     with threadpool_limits(1):
         for i, job in enumerate(jobs, 1):
-            rec = collect(job, data_dir, SEEDS[args.set])
+            rec = run(job, data_dir, SEEDS[args.set])
             rec["job"] = list(job)
             records.append(rec)
             if i % 10 == 0:
@@ -340,6 +426,10 @@ def main() -> None:
         "machine": f"{platform.machine()}, 1 process, 1 BLAS thread (2 shared cores)",
         "wall_s": time.perf_counter() - t0,
         "split_set": f"{args.set} (seed {SEEDS[args.set]})",
+        "command": "python benchmarks/bench_rule_dev.py --data DIR --datasets "
+        + " ".join(datasets)
+        + f" --labels {' '.join(map(str, args.labels))} --splits {args.splits} --set {args.set}"
+        + (" --frozen" if args.frozen else ""),
         "datasets": datasets,
         "labels": args.labels,
         "splits": args.splits,
@@ -349,6 +439,8 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "records": records}, ensure_ascii=False))
+    if args.frozen:
+        write_frozen_tables(records, meta, args.out.with_suffix(".md"))
     print(f"{len(jobs)} splits, {meta['wall_s']:.0f} s -> {args.out}")
 
 
