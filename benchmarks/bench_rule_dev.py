@@ -404,8 +404,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.rules is not None:
         records = json.loads(args.rules.read_text())["records"]
-        rules = explore_rules()
-        print(compact_summary(rule_table(records, rules), rules))
+        rules = {**explore_rules(), "frozen rule": frozen_pick}
+        text = f"# `python benchmarks/bench_rule_dev.py --rules {args.rules.name}`\n\n"
+        text += compact_summary(rule_table(records, rules), rules) + "\n"
+        print(text)
+        args.rules.with_name(args.rules.stem + "_rules.md").write_text(text)
         return
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     data_dir = None if args.data is None else str(args.data.resolve())
