@@ -1,7 +1,9 @@
 """A selection rule for MMDTL2's transductive prior, designed on development data only.
 
-    python benchmarks/bench_rule_dev.py --data DIR [--labels 1 3 10] [--splits 5]
-    python benchmarks/bench_rule_dev.py --data DIR --set fresh --datasets surf   # confirmation
+    python benchmarks/bench_rule_dev.py --data DIR [--labels 1 3 10] [--splits 5]  # records
+    python benchmarks/bench_rule_dev.py --rules benchmarks/results/rule_dev.json   # score rules
+    python benchmarks/bench_rule_dev.py --data DIR --splits 20 --frozen            # frozen rule
+    python benchmarks/bench_rule_dev.py --data DIR --datasets surf --splits 20 --set fresh --frozen
 
 Two phases in one script, so the rule is judged on the same records it was chosen from:
 
@@ -33,8 +35,11 @@ variance of the best ``d = 20`` ranges from 20 % (SURF) to 67 % (GoogLeNet dslr)
 fraction of the spectrum does not carry the best dimension from one feature type to the
 other, while ``2C``-``4C`` was best or near it on all three feature types.
 
-Writes ``benchmarks/results/rule_<set>.json`` (records and tables) and the tables to
-``rule_<set>.md``.
+Writes ``benchmarks/results/rule_<set>.json`` (the records); ``--rules`` writes the
+per-budget summary of every rule to ``rule_<set>_rules.md``; ``--frozen`` runs only the
+fits of the frozen rule (:data:`FROZEN`, specified in BENCHMARKS.md, "Selection rule,
+frozen 2026-11-26 on dev data") into ``rule_<set>_frozen.json`` and its per-shift tables,
+picks and cost into ``rule_<set>_frozen.md``.
 """
 
 from __future__ import annotations
