@@ -1,0 +1,456 @@
+"""A selection rule for MMDTL2's transductive prior, designed on development data only.
+
+    python benchmarks/bench_rule_dev.py --data DIR [--labels 1 3 10] [--splits 5]  # records
+    python benchmarks/bench_rule_dev.py --rules benchmarks/results/rule_dev.json   # score rules
+    python benchmarks/bench_rule_dev.py --data DIR --splits 20 --frozen            # frozen rule
+    python benchmarks/bench_rule_dev.py --data DIR --datasets surf --splits 20 --set fresh --frozen
+
+Two phases in one script, so the rule is judged on the same records it was chosen from:
+
+1. **Collect** (one process, one BLAS thread): for every split, every candidate of
+   :data:`CANDIDATES` is fitted once on the split (its test accuracy, the ground truth)
+   and on each per-class fold of the labelled targets (its held-out correctness and
+   multiclass hinge loss, one entry per held-out sample), plus two signals from the
+   unlabelled target samples that cost no fit: the **reverse nearest-neighbour
+   accuracy** (each labelled *source* sample classified by the majority pseudo-label of
+   its 5 most similar unlabelled target samples, linear kernel, pseudo-labels from the
+   candidate) and the entropy of the candidate's predicted class histogram on the
+   unlabelled targets. Source and target SVM are fitted for the reference columns.
+2. **Rules** (no fit): every rule of :data:`RULES` picks one candidate per split from
+   those records; its accuracy is the picked candidate's test accuracy, and its cost the
+   number of fits the rule needs (folds × compared candidates + the final fit).
+
+Split sets: ``dev`` (seed 2027, the development set of ``benchmarks/bench_selection.py``,
+extended to other label budgets: the same source rows, ``n`` labelled target rows per
+class drawn by the same generator) and ``fresh`` (seed 2026, kept for the confirmation of
+the frozen rule). Hoffman's 20 fixed splits are never read here. Datasets and the
+transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
+source samples and every sample of the target domain). A shift is left out of a label
+budget when a target class has no more than ``n`` samples (dslr has 8 in one class, so
+``n = 10`` has no dslr target).
+
+Subspace dimensions are set in units of the number of classes ``C`` (``d = 2C``, ``4C``),
+not as an absolute number or an explained-variance fraction: on dev the explained
+variance of the best ``d = 20`` ranges from 20 % (SURF) to 67 % (GoogLeNet dslr), so a
+fraction of the spectrum does not carry the best dimension from one feature type to the
+other, while ``2C``-``4C`` was best or near it on all three feature types.
+
+Writes ``benchmarks/results/rule_<set>.json`` (the records); ``--rules`` writes the
+per-budget summary of every rule to ``rule_<set>_rules.md``; ``--frozen`` runs only the
+fits of the frozen rule (:data:`FROZEN`, specified in BENCHMARKS.md, "Selection rule,
+frozen 2026-11-26 on dev data") into ``rule_<set>_frozen.json`` and its per-shift tables,
+picks and cost into ``rule_<set>_frozen.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_priors_dev import DATASETS, prior_maps, shift_grams
+from bench_selection import SEEDS
+from threadpoolctl import threadpool_limits
+
+from mmdtl2_dist.core.methods import fit_predict
+from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, cv_folds, sub_problem
+from mmdtl2_dist.datasets.office_caltech import SHIFTS
+
+N_CLASSES = 10
+HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
+# (label, fixed parameters, transductive prior or None, d in units of the class count C)
+CANDIDATES = (
+    ("λ=0", {"prior": "identity", "prior_weight": 0.0, "c_f": 1.0}, None, None),
+    ("identity λ=0.5", {"prior": "identity", "prior_weight": 0.5, "c_f": 1.0}, None, None),
+    ("identity λ=1", {"prior": "identity", "prior_weight": 1.0, "c_f": 1.0}, None, None),
+    ("SA d=4C", {"prior": "matrix", "prior_weight": 1.0, "c_f": 1.0}, "sa", 4),
+    ("shared PCA d=2C", {"prior": "matrix", "prior_weight": 1.0, "c_f": 1.0}, "shared_pca", 2),
+    ("shared PCA d=2C λ=0.5", {**HALF}, "shared_pca", 2),
+    ("shared PCA d=4C λ=0.5", {**HALF}, "shared_pca", 4),
+)  # fmt: skip
+LABELS = [c[0] for c in CANDIDATES]
+MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fits at most
+KNN = 5
+
+
+def split_rows(ys_all, yt_all, source, target, k, seed, n_lab):
+    """Source rows (20 per class, 8 from webcam/dslr), ``n_lab`` labelled target rows per
+    class and the rest of the target domain; for ``n_lab = 3`` exactly the rows of
+    ``bench_selection.random_split_rows``, and the same source rows for every ``n_lab``."""
+    rng = np.random.default_rng([seed, SHIFTS.index((source, target)), k])
+    ns = 8 if source in ("webcam", "dslr") else 20
+    src = np.concatenate(
+        [rng.choice(np.flatnonzero(ys_all == c), ns, replace=False) for c in np.unique(ys_all)]
+    )
+    lab = np.concatenate(
+        [rng.choice(np.flatnonzero(yt_all == c), n_lab, replace=False) for c in np.unique(yt_all)]
+    )
+    return src, lab, np.setdiff1d(np.arange(len(yt_all)), lab)
+
+
+def reverse_knn_accuracy(Kst_q: np.ndarray, pseudo: np.ndarray, ys: np.ndarray) -> float:
+    """Source samples classified by the majority pseudo-label of their ``KNN`` most similar
+    unlabelled targets (rows of ``Kst_q``: source × unlabelled target, linear kernel)."""
+    near = np.argsort(-Kst_q, axis=1)[:, :KNN]
+    votes = pseudo[near]
+    pred = np.array([np.bincount(v).argmax() for v in votes])
+    return float(np.mean(pred == ys))
+
+
+def label_entropy(pred: np.ndarray) -> float:
+    """Entropy of the predicted class histogram, divided by log of the class count."""
+    p = np.bincount(pred, minlength=N_CLASSES + 1)[1:] / len(pred)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum() / np.log(N_CLASSES))
+
+
+def collect(job, data_dir, seed):
+    """Every candidate's test accuracy and selection signals on one split."""
+    dataset, source, target, k, n_lab = job
+    Ks, Kt, Kst, ys_all, yt_all, bases = shift_grams(dataset, source, target, data_dir)
+    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
+    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    keys = {(p, d * N_CLASSES) for _, _, p, d in CANDIDATES if p is not None}
+    maps = prior_maps(pool, bases, keys)
+    base = pool.problem(ys_all[src], yt_all[lab])
+    yq, ys = yt_all[test], ys_all[src]
+    rec = {"ref": {}, "acc": {}, "cv_hit": {}, "cv_hinge": {}, "rknn": {}, "entropy": {}}
+    for m in ("source_svm", "target_svm"):
+        rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
+    perm = canonical_order(base.Ktt)
+    folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=perm)
+    all_idx = np.arange(len(base.yt))
+    for label, params, prior, d in CANDIDATES:
+        prob = base if prior is None else pool.problem(
+            base.ys, base.yt, maps[prior, d * N_CLASSES].blocks(pool)
+        )  # fmt: skip
+        res = fit_predict("mmdtl2", params, prob)
+        rec["acc"][label] = float(np.mean(res.y_pred == yq))
+        rec["rknn"][label] = reverse_knn_accuracy(Kst[np.ix_(src, test)], res.y_pred, ys)
+        rec["entropy"][label] = label_entropy(res.y_pred)
+        hits, hinge = [], []
+        for held in folds:
+            sp = sub_problem(prob, np.setdiff1d(all_idx, held), held)
+            r = fit_predict("mmdtl2", params, sp)
+            hits += (r.y_pred == prob.yt[held]).astype(int).tolist()
+            hinge += _multiclass_hinge(r.scores, r.classes, prob.yt[held]).tolist()
+        rec["cv_hit"][label], rec["cv_hinge"][label] = hits, hinge
+    return rec
+
+
+def paired_gain(rec, alt: str, default: str, signal: str = "cv_hit") -> tuple[float, float]:
+    """Mean and standard error of ``alt``'s per-held-out-sample gain over ``default``
+    (held-out correctness, or the hinge loss with the sign turned so that higher is better)."""
+    a, b = np.array(rec[signal][alt], float), np.array(rec[signal][default], float)
+    diff = (a - b) if signal == "cv_hit" else (b - a)
+    if diff.size < 2:
+        return 0.0, np.inf
+    return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
+
+
+def guarded(default: str, alternatives, signal: str = "cv_hit", z: float = 1.0):
+    """The rule: ``default`` unless an alternative's paired CV gain over it exceeds ``z``
+    standard errors (then the alternative with the largest gain). Without folds (one
+    labelled sample per class) it is ``default``. Cost: folds × (1 + alternatives) + 1."""
+
+    def rule(rec):
+        n_folds = len(rec["cv_hit"][default]) // N_CLASSES
+        best, best_gain = default, 0.0
+        for alt in alternatives:
+            gain, se = paired_gain(rec, alt, default, signal)
+            if gain > z * se and gain > best_gain:
+                best, best_gain = alt, gain
+        cost = 1 + (n_folds * (1 + len(alternatives)) if n_folds else 0)
+        return best, cost
+
+    return rule
+
+
+def argmax_rule(signal: str, among=None):
+    """The candidate with the best ``signal`` (CV accuracy with hinge ties, or reverse-kNN)."""
+
+    def rule(rec):
+        cands = among or LABELS
+        n_folds = len(rec["cv_hit"][cands[0]]) // N_CLASSES
+        if signal == "cv":
+            if not n_folds:
+                return cands[0], 1
+            key = {c: (np.mean(rec["cv_hit"][c]), -np.mean(rec["cv_hinge"][c])) for c in cands}
+            return max(cands, key=key.get), 1 + n_folds * len(cands)
+        return max(cands, key=lambda c: rec[signal][c]), 1 + len(cands)
+
+    return rule
+
+
+def fixed(label: str):
+    return lambda rec: (label, 1)
+
+
+def rule_table(records, rules: dict) -> dict:
+    """Per label budget and shift: accuracy (mean, SE over splits, %) of every rule, the
+    reference SVMs, the mean cost of each rule and how often it picks each candidate."""
+    out: dict = {}
+    for rec in records:
+        ds, s, t, _, n = rec["job"]
+        key = f"{ds}:{s[0].upper()}→{t[0].upper()}"
+        cell = out.setdefault(n, {}).setdefault(key, {"source SVM": [], "target SVM": []})
+        cell["source SVM"].append(rec["ref"]["source_svm"])
+        cell["target SVM"].append(rec["ref"]["target_svm"])
+        for name, rule in rules.items():
+            pick, cost = rule(rec)
+            cell.setdefault(name, []).append(rec["acc"][pick])
+            cell.setdefault(f"{name} #cost", []).append(cost)
+            cell.setdefault(f"{name} #pick", []).append(pick)
+    return out
+
+
+def format_rule_tables(table: dict, rules: dict) -> str:
+    """Per budget: per-shift mean ± SE, dataset means, worst gap to max(source, target SVM)
+    and the shifts lost by more than one standard error."""
+    lines = []
+    names = ["source SVM", "target SVM", *rules]
+    for n in sorted(table):
+        lines += [f"\n## {n} labelled target sample(s) per class\n"]
+        lines += ["| shift | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        by_ds: dict = {}
+        lost: dict = {}
+        worst: dict = {}
+        for key, cell in table[n].items():
+            stats = {}
+            for c in names:
+                a = np.array(cell[c]) * 100
+                se = a.std(ddof=1) / np.sqrt(a.size) if a.size > 1 else 0.0
+                stats[c] = (a.mean(), se)
+            best = max(stats["source SVM"][0], stats["target SVM"][0])
+            by_ds.setdefault(key.split(":")[0], []).append((stats, best))
+            for c in names:
+                gap = stats[c][0] - best
+                worst[c] = min(worst.get(c, np.inf), gap)
+                if gap < -stats[c][1]:
+                    lost.setdefault(c, []).append(f"{key} ({gap:+.1f})")
+            lines.append(
+                f"| {key} | " + " | ".join(f"{m:.1f} ± {e:.1f}" for m, e in stats.values()) + " |"
+            )
+        groups = {**by_ds, "all": [x for v in by_ds.values() for x in v]}
+        for g, cells in groups.items():
+            means = [np.mean([st[c][0] for st, _ in cells]) for c in names]
+            lines.append(f"| **mean {g}** | " + " | ".join(f"**{m:.1f}**" for m in means) + " |")
+            lines.append(
+                f"| max(src, tgt SVM) {g} | {np.mean([b for _, b in cells]):.1f} |"
+                + " |" * (len(names) - 1)
+            )
+        lines.append("| worst gap to max(src, tgt SVM) | " + " | ".join(
+            f"{worst[c]:+.1f}" for c in names) + " |")  # fmt: skip
+        costs = [
+            np.mean([x for cell in table[n].values() for x in cell[f"{r} #cost"]]) for r in rules
+        ]
+        lines.append("| mean cost (fits) | | | " + " | ".join(f"{c:.0f}" for c in costs) + " |")
+        lines.append("\nShifts lost by more than one standard error:")
+        for c in names:
+            lines.append(f"  {c}: {len(lost.get(c, []))}  {', '.join(lost.get(c, []))}")
+    return "\n".join(lines)
+
+
+def compact_summary(table: dict, rules: dict) -> str:
+    """One row per rule and label budget: dataset means, overall mean, mean of the
+    per-shift max(source, target SVM), worst per-shift gap to it, shifts lost by more than
+    one standard error, mean cost in fits."""
+    lines = [
+        "| rule | labels/class | surf | googlenet1024 | decaf6 | all | max(src,tgt) all "
+        "| worst gap | lost | cost |",
+        "|---" * 10 + "|",
+    ]
+    for name in ["source SVM", "target SVM", *rules]:
+        for n in sorted(table):
+            ds_means: dict = {}
+            gaps, lost, best_all, costs = [], 0, [], []
+            for key, cell in table[n].items():
+                a = np.array(cell[name]) * 100
+                se = a.std(ddof=1) / np.sqrt(a.size) if a.size > 1 else 0.0
+                best = max(np.mean(cell["source SVM"]), np.mean(cell["target SVM"])) * 100
+                ds_means.setdefault(key.split(":")[0], []).append(a.mean())
+                gaps.append(a.mean() - best)
+                best_all.append(best)
+                lost += a.mean() - best < -se
+                costs += cell.get(f"{name} #cost", [1])
+            cols = [f"{np.mean(ds_means[d]):.1f}" if d in ds_means else "n/a" for d in DATASETS]
+            overall = np.mean([x for v in ds_means.values() for x in v])
+            lines.append(
+                f"| {name} | {n} | " + " | ".join(cols) + f" | {overall:.1f}"
+                f" | {np.mean(best_all):.1f} | {min(gaps):+.1f} | {lost} | {np.mean(costs):.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def explore_rules() -> dict:
+    """The rules compared on dev: every candidate fixed, argmax rules, guarded defaults."""
+    rules = {c: fixed(c) for c in LABELS}
+    rules["CV argmax (all 7)"] = argmax_rule("cv")
+    rules["rkNN argmax (all 7)"] = argmax_rule("rknn")
+    for d in ("SA d=4C", "shared PCA d=4C λ=0.5", "shared PCA d=2C λ=0.5", "identity λ=0.5"):
+        for alts in (("λ=0", "identity λ=1"), ("λ=0", "shared PCA d=2C")):
+            if d in alts:
+                continue
+            for sig in ("cv_hit", "cv_hinge"):
+                rules[f"G[{d}|{','.join(alts)}|{sig[3:]}]"] = guarded(d, alts, sig)
+    return rules
+
+
+# The rule frozen on dev (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data").
+FROZEN = {
+    "no_folds": "shared PCA d=2C",
+    "default": "shared PCA d=4C λ=0.5",
+    "alternatives": ("λ=0", "identity λ=1"),
+    "signal": "cv_hinge",
+    "z": 1.0,
+}
+
+
+def frozen_pick(rec) -> tuple[str, int]:
+    """The frozen rule on a record: without per-class folds its fold-free prior, else the
+    default guarded against the alternatives by the paired held-out hinge loss."""
+    if not rec["cv_hit"].get(FROZEN["default"]):
+        return FROZEN["no_folds"], 1
+    rule = guarded(FROZEN["default"], FROZEN["alternatives"], FROZEN["signal"], FROZEN["z"])
+    return rule(rec)
+
+
+def collect_frozen(job, data_dir, seed):
+    """The frozen rule on one split with only the fits it needs (the reference SVMs
+    aside), its pick, its cost in fits and its wall time against one fit of the pick."""
+    dataset, source, target, k, n_lab = job
+    Ks, Kt, Kst, ys_all, yt_all, bases = shift_grams(dataset, source, target, data_dir)
+    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
+    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    spec = {c[0]: c for c in CANDIDATES}
+    base = pool.problem(ys_all[src], yt_all[lab])
+    yq = yt_all[test]
+    rec = {"ref": {}, "acc": {}, "cv_hit": {}, "cv_hinge": {}}
+    for m in ("source_svm", "target_svm"):
+        rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
+    t0 = time.perf_counter()
+    folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
+    names = [FROZEN["default"], *FROZEN["alternatives"]] if folds else [FROZEN["no_folds"]]
+    keys = {(spec[c][2], spec[c][3] * N_CLASSES) for c in names if spec[c][2] is not None}
+    maps = prior_maps(pool, bases, keys)
+    probs = {
+        c: base if spec[c][2] is None
+        else pool.problem(base.ys, base.yt, maps[spec[c][2], spec[c][3] * N_CLASSES].blocks(pool))
+        for c in names
+    }  # fmt: skip
+    all_idx = np.arange(len(base.yt))
+    for c in names if folds else []:
+        hits, hinge = [], []
+        for held in folds:
+            r = fit_predict(
+                "mmdtl2", spec[c][1], sub_problem(probs[c], np.setdiff1d(all_idx, held), held)
+            )
+            hits += (r.y_pred == base.yt[held]).astype(int).tolist()
+            hinge += _multiclass_hinge(r.scores, r.classes, base.yt[held]).tolist()
+        rec["cv_hit"][c], rec["cv_hinge"][c] = hits, hinge
+    pick, cost = frozen_pick(rec)
+    t1 = time.perf_counter()
+    res = fit_predict("mmdtl2", spec[pick][1], probs[pick])
+    t2 = time.perf_counter()
+    rec["acc"][pick] = float(np.mean(res.y_pred == yq))
+    rec.update(pick=pick, cost=cost, select_s=t2 - t0, final_fit_s=t2 - t1)
+    return rec
+
+
+def jobs_for(datasets, data_dir, labels, splits):
+    """(dataset, source, target, split, n_lab) of every split, skipping infeasible budgets."""
+    out = []
+    for ds in datasets:
+        for s, t in SHIFTS:
+            if s not in DATASETS[ds] or t not in DATASETS[ds]:
+                continue
+            yt = shift_grams(ds, s, t, data_dir)[4]
+            smallest = np.bincount(yt)[np.unique(yt)].min()
+            out += [(ds, s, t, k, n) for n in labels if n < smallest for k in range(splits)]
+    return out
+
+
+def write_frozen_tables(records, meta, path: Path) -> None:
+    """The frozen rule's per-budget tables, its cost and its picks, printed and written."""
+    rules = {"frozen rule": lambda rec: (rec["pick"], rec["cost"])}
+    table = rule_table(records, rules)
+    ratio = [r["select_s"] / max(r["final_fit_s"], 1e-9) for r in records]
+    picks: dict = {}
+    for r in records:
+        picks.setdefault(r["job"][4], {}).setdefault(r["pick"], 0)
+        picks[r["job"][4]][r["pick"]] += 1
+    text = (
+        f"# `{meta['command']}` ({meta['split_set']}; mean ± standard error over splits, %)\n"
+        + format_rule_tables(table, rules)
+        + "\n\n"
+        + compact_summary(table, rules)
+        + f"\n\nPicks per label budget: {picks}\n"
+        + f"Selection wall time / one fit of the pick: median {np.median(ratio):.1f}, "
+        + f"90th percentile {np.percentile(ratio, 90):.1f}, max {np.max(ratio):.1f}\n"
+    )
+    print(text)
+    path.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=None)
+    ap.add_argument("--datasets", nargs="+", default=None, choices=list(DATASETS))
+    ap.add_argument("--labels", nargs="+", type=int, default=[1, 3, 10])
+    ap.add_argument("--splits", type=int, default=5)
+    ap.add_argument("--set", choices=list(SEEDS), default="dev")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
+    ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
+    args = ap.parse_args()
+    if args.rules is not None:
+        records = json.loads(args.rules.read_text())["records"]
+        rules = {**explore_rules(), "frozen rule": frozen_pick}
+        text = f"# `python benchmarks/bench_rule_dev.py --rules {args.rules.name}`\n\n"
+        text += compact_summary(rule_table(records, rules), rules) + "\n"
+        print(text)
+        args.rules.with_name(args.rules.stem + "_rules.md").write_text(text)
+        return
+    datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
+    data_dir = None if args.data is None else str(args.data.resolve())
+    name = f"rule_{args.set}" + ("_frozen" if args.frozen else "")
+    args.out = args.out or Path(__file__).parent / "results" / f"{name}.json"
+    run = collect_frozen if args.frozen else collect
+    jobs = jobs_for(datasets, data_dir, args.labels, args.splits)
+    t0 = time.perf_counter()
+    records = []
+    with threadpool_limits(1):
+        for i, job in enumerate(jobs, 1):
+            rec = run(job, data_dir, SEEDS[args.set])
+            rec["job"] = list(job)
+            records.append(rec)
+            if i % 10 == 0:
+                print(f"  {i}/{len(jobs)} splits, {time.perf_counter() - t0:.0f} s", flush=True)
+    meta = {
+        "machine": f"{platform.machine()}, 1 process, 1 BLAS thread (2 shared cores)",
+        "wall_s": time.perf_counter() - t0,
+        "split_set": f"{args.set} (seed {SEEDS[args.set]})",
+        "command": "python benchmarks/bench_rule_dev.py --data DIR --datasets "
+        + " ".join(datasets)
+        + f" --labels {' '.join(map(str, args.labels))} --splits {args.splits} --set {args.set}"
+        + (" --frozen" if args.frozen else ""),
+        "datasets": datasets,
+        "labels": args.labels,
+        "splits": args.splits,
+        "candidates": [
+            {"label": c[0], "params": c[1], "prior": c[2], "d/C": c[3]} for c in CANDIDATES
+        ],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "records": records}, ensure_ascii=False))
+    if args.frozen:
+        write_frozen_tables(records, meta, args.out.with_suffix(".md"))
+    print(f"{len(jobs)} splits, {meta['wall_s']:.0f} s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
