@@ -1,9 +1,12 @@
-"""Walk the README as a newcomer would: every fenced command, in order, offline.
+"""Walk the README and the deployment guide as a newcomer would: every command, offline.
 
-Each fenced ``bash`` or ``python`` block of README.md runs, in the order written, in one
-shell session inside an empty folder that holds only a copy of ``studies/`` (the README's
-commands use relative paths from the repository root), with the installed ``mmdtl2`` and
-``python`` first on PATH. A block is preceded by an HTML comment to change how it runs:
+Each fenced ``bash`` or ``python`` block of README.md and then of docs/deploy.md runs, in
+the order written, in one shell session inside an empty folder that holds only a copy of
+``studies/`` (the commands use relative paths from the repository root), with the
+installed ``mmdtl2`` and ``python`` first on PATH. Servers a document started are stopped
+before the next document. The cluster guide is walked on a real two-node cluster by
+``tests/test_cluster_loopback.py``. A block is preceded by an HTML comment to change how
+it runs:
 
 - ``<!-- walk: skip: REASON -->``: not run (the set-up commands themselves, a cluster);
 - ``<!-- walk: background URL -->``: a server; started in the background and waited for
@@ -27,6 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+WALKED = (README, ROOT / "docs" / "deploy.md")
 FENCE = re.compile(
     r"^(?:<!-- walk: (?P<mark>[^>]*?) -->\n)?```(?P<lang>[a-z]*)\n(?P<body>.*?)^```$",
     re.M | re.S,
@@ -51,9 +55,9 @@ def readme_blocks(text: str) -> list[Block]:
     ]
 
 
-def shell_step(b: Block, i: int) -> str:
-    """The shell text that runs one block, announced with its README line."""
-    head = f'echo "=== README line {b.line} ===" >&2\n'
+def shell_step(b: Block, i: int, doc: str) -> str:
+    """The shell text that runs one block, announced with its document and line."""
+    head = f'echo "=== {doc} line {b.line} ===" >&2\n'
     if b.mark.startswith("background "):
         url = b.mark.split(None, 1)[1]
         return (
@@ -66,42 +70,51 @@ def shell_step(b: Block, i: int) -> str:
     return head + b.body
 
 
-def walk_script(blocks: list[Block]) -> str:
+def doc_steps(doc: Path) -> list[str]:
+    """The shell steps of one document, then stopping the servers it started."""
     steps = [
-        shell_step(b, i)
-        for i, b in enumerate(blocks)
+        shell_step(b, f"{doc.stem}_{i}", doc.name)
+        for i, b in enumerate(readme_blocks(doc.read_text()))
         if b.lang in RUNNABLE and not b.mark.startswith("skip:")
     ]
+    return [*steps, "cleanup\nBG=()\n"]
+
+
+def walk_script(docs) -> str:
+    steps = [step for doc in docs for step in doc_steps(doc)]
     prologue = (
         "set -euo pipefail\nBG=()\n"
         'cleanup() { for p in "${BG[@]}"; do pkill -TERM -P "$p" 2>/dev/null || true; '
-        'kill "$p" 2>/dev/null || true; done; }\ntrap cleanup EXIT\n'
+        'kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }\n'
+        "trap cleanup EXIT\n"
     )
     return prologue + "\n".join(steps)
 
 
-def test_every_runnable_block_is_marked_or_run():
-    blocks = readme_blocks(README.read_text())
-    assert blocks, "README has no fenced blocks"
+@pytest.mark.parametrize("doc", WALKED, ids=lambda p: p.name)
+def test_every_runnable_block_is_marked_or_run(doc):
+    blocks = readme_blocks(doc.read_text())
+    assert blocks, f"{doc.name} has no fenced blocks"
     for b in blocks:
         if b.mark:
             kind = b.mark.split(None, 1)[0]
-            assert kind in ("skip:", "background"), f"README line {b.line}: unknown mark {b.mark!r}"
+            where = f"{doc.name} line {b.line}"
+            assert kind in ("skip:", "background"), f"{where}: unknown mark {b.mark!r}"
             if kind == "skip:":
-                assert len(b.mark) > len("skip: ") + 10, f"README line {b.line}: give a reason"
+                assert len(b.mark) > len("skip: ") + 10, f"{where}: give a reason"
         if b.lang in RUNNABLE:
             assert "..." not in b.body or b.mark.startswith("skip:"), (
-                f"README line {b.line}: a runnable block holds a placeholder '...'"
+                f"{doc.name} line {b.line}: a runnable block holds a placeholder '...'"
             )
 
 
 @pytest.mark.slow
 def test_readme_walk(tmp_path):
-    """Every runnable README block, in order, offline: exit 0 and no warning."""
+    """Every runnable block of the walked documents, in order, offline: exit 0, no warning."""
     work = tmp_path / "walk"
     work.mkdir()
     shutil.copytree(ROOT / "studies", work / "studies")
-    script = walk_script(readme_blocks(README.read_text()))
+    script = walk_script(WALKED)
     (tmp_path / "walk.sh").write_text(script)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_ADDRESS"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
@@ -115,6 +128,6 @@ def test_readme_walk(tmp_path):
     )
     log = proc.stdout + proc.stderr
     (tmp_path / "walk.log").write_text(log)
-    assert proc.returncode == 0, f"the README walk failed (rc {proc.returncode}):\n{log[-6000:]}"
+    assert proc.returncode == 0, f"the walk failed (rc {proc.returncode}):\n{log[-6000:]}"
     warnings = [line for line in log.splitlines() if WARNING.search(line)]
-    assert not warnings, "the README walk printed warnings:\n" + "\n".join(warnings[:20])
+    assert not warnings, "the walk printed warnings:\n" + "\n".join(warnings[:20])
