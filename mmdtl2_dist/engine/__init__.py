@@ -2,6 +2,15 @@
 
 from mmdtl2_dist.engine.driver import compute_gram
 from mmdtl2_dist.engine.gram_store import GramStore
+from mmdtl2_dist.engine.in_process import IN_PROCESS
 from mmdtl2_dist.engine.plan import Tile, feature_blocks, gram_tile_plan, row_segments
 
-__all__ = ["GramStore", "Tile", "compute_gram", "feature_blocks", "gram_tile_plan", "row_segments"]
+__all__ = [
+    "IN_PROCESS",
+    "GramStore",
+    "Tile",
+    "compute_gram",
+    "feature_blocks",
+    "gram_tile_plan",
+    "row_segments",
+]

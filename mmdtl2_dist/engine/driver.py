@@ -24,6 +24,7 @@ from mmdtl2_dist.engine.gram_store import (
     TILES_DIR,
     GramStore,
 )
+from mmdtl2_dist.engine.in_process import IN_PROCESS, InProcessTasks
 from mmdtl2_dist.engine.plan import (
     DEFAULT_TASK_MEMORY_MB,
     choose_tile_rows,
@@ -132,6 +133,17 @@ class _Progress:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _task_runner(address: str | None, num_cpus: int | None):
+    """Where the Gram's tasks run: this process (``address=IN_PROCESS``), else Ray.
+
+    Returns ``(runner, owned)`` as :func:`_ensure_ray` does; the in-process runner answers
+    the same calls (:mod:`mmdtl2_dist.engine.in_process`).
+    """
+    if address == IN_PROCESS:
+        return InProcessTasks(), False
+    return _ensure_ray(address, num_cpus)
 
 
 def _ensure_ray(address: str | None, num_cpus: int | None):
@@ -368,6 +380,8 @@ def compute_gram(
     address : str, optional
         Ray cluster address (``"auto"``, ``"ray://host:10001"``); default: the running
         Ray session if any, else a new local one (stopped on return).
+        :data:`~mmdtl2_dist.engine.in_process.IN_PROCESS` runs the tasks in this process
+        without Ray (small data; same bits).
     max_task_memory_mb : float
         Memory bound of one task; sets the feature block width and is requested from Ray
         as the task's ``memory`` resource.
@@ -429,7 +443,7 @@ def compute_gram(
         gs.last_run["seconds"] = time.monotonic() - t_start
         return gs
 
-    ray, owned = _ensure_ray(address, num_cpus)
+    ray, owned = _task_runner(address, num_cpus)
     try:
         mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
         opts = {"num_cpus": 1, "max_retries": max_retries, "memory": int(mem)}
