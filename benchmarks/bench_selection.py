@@ -41,8 +41,9 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
+from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.selection import PRIOR_WEIGHT_GRID, choose, select_by_cv
-from mmdtl2_dist.office import SHIFTS, _domain_gram, split_problem
+from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain, load_hoffman_splits
 
 SEEDS = {"dev": 2027, "fresh": 2026}
 GRIDS = {
@@ -87,6 +88,33 @@ RULES = {
     "accuracy, ties by hinge": ("accuracy", "hinge"),
     "accuracy, ties by order": ("accuracy", "order"),
 }
+
+
+_DOMAINS: dict = {}
+
+
+def _domain_gram(name: str, preprocessing: str):
+    """A domain's preprocessed features and labels (cached per process)."""
+    key = (name, preprocessing)
+    if key not in _DOMAINS:
+        dom = load_domain(name)
+        _DOMAINS[key] = (fit_preprocessing(dom.X, preprocessing).transform(dom.X), dom.y)
+    return _DOMAINS[key]
+
+
+def split_problem(source: str, target: str, k: int, preprocessing: str = "l2_zscore"):
+    """The :class:`GramProblem` of Hoffman's split ``k`` of a shift, and its test labels."""
+    Xs_all, ys_all = _domain_gram(source, preprocessing)
+    Xt_all, yt_all = _domain_gram(target, preprocessing)
+    sp = load_hoffman_splits(source, target)[k]
+    prob = GramProblem.from_features(
+        Xs_all[sp.source_train],
+        ys_all[sp.source_train],
+        Xt_all[sp.target_train],
+        yt_all[sp.target_train],
+        Xt_all[sp.target_test],
+    )
+    return prob, yt_all[sp.target_test]
 
 
 def random_split(source: str, target: str, k: int, seed: int):

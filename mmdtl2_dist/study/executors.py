@@ -167,6 +167,7 @@ def _init_worker(driver: int) -> None:
     driver has died (SIGKILL, out of memory) exits within a second instead of waiting
     for work forever.
     """
+    import numpy  # noqa: F401 - loads the BLAS, which threadpool_limits only limits if loaded
     from threadpoolctl import threadpool_limits
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
