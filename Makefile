@@ -20,8 +20,10 @@ run: $(BIN)/.installed
 test: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
+# Style, and the import contracts of pyproject.toml (which package may import which).
 lint: $(BIN)/.installed
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports --no-cache
 
+# The quick subset of the computation-time benchmarks (< 5 min; benchmarks/results/).
 bench: $(BIN)/.installed
-	$(BIN)/mmdtl2 bench
+	$(BIN)/python benchmarks/bench_scale.py --preset quick

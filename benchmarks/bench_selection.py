@@ -38,12 +38,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from office_splits import SHIFTS, domain_features, split_problem  # benchmarks/ on sys.path
 from threadpoolctl import threadpool_limits
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
-from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.selection import PRIOR_WEIGHT_GRID, choose, select_by_cv
-from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain, load_hoffman_splits
 
 SEEDS = {"dev": 2027, "fresh": 2026}
 GRIDS = {
@@ -90,37 +89,12 @@ RULES = {
 }
 
 
-_DOMAINS: dict = {}
+def random_split_rows(ys_all, yt_all, source: str, target: str, k: int, seed: int):
+    """Rows of a random split with Hoffman's sizes (seeded by ``seed``, shift and index).
 
-
-def _domain_gram(name: str, preprocessing: str):
-    """A domain's preprocessed features and labels (cached per process)."""
-    key = (name, preprocessing)
-    if key not in _DOMAINS:
-        dom = load_domain(name)
-        _DOMAINS[key] = (fit_preprocessing(dom.X, preprocessing).transform(dom.X), dom.y)
-    return _DOMAINS[key]
-
-
-def split_problem(source: str, target: str, k: int, preprocessing: str = "l2_zscore"):
-    """The :class:`GramProblem` of Hoffman's split ``k`` of a shift, and its test labels."""
-    Xs_all, ys_all = _domain_gram(source, preprocessing)
-    Xt_all, yt_all = _domain_gram(target, preprocessing)
-    sp = load_hoffman_splits(source, target)[k]
-    prob = GramProblem.from_features(
-        Xs_all[sp.source_train],
-        ys_all[sp.source_train],
-        Xt_all[sp.target_train],
-        yt_all[sp.target_train],
-        Xt_all[sp.target_test],
-    )
-    return prob, yt_all[sp.target_test]
-
-
-def random_split(source: str, target: str, k: int, seed: int):
-    """A random split with Hoffman's sizes (seeded by ``seed``, shift and index)."""
-    Xs_all, ys_all = _domain_gram(source, "l2_zscore")
-    Xt_all, yt_all = _domain_gram(target, "l2_zscore")
+    ``(src, lab, test)``: 20 source rows per class (8 from webcam or dslr), 3 labelled
+    target rows per class, and the rest of the target domain.
+    """
     rng = np.random.default_rng([seed, SHIFTS.index((source, target)), k])
     ns = 8 if source in ("webcam", "dslr") else 20
     src = np.concatenate(
@@ -129,7 +103,14 @@ def random_split(source: str, target: str, k: int, seed: int):
     lab = np.concatenate(
         [rng.choice(np.flatnonzero(yt_all == c), 3, replace=False) for c in np.unique(yt_all)]
     )
-    test = np.setdiff1d(np.arange(len(yt_all)), lab)
+    return src, lab, np.setdiff1d(np.arange(len(yt_all)), lab)
+
+
+def random_split(source: str, target: str, k: int, seed: int):
+    """The :class:`GramProblem` of :func:`random_split_rows`'s split, and the test labels."""
+    Xs_all, ys_all = domain_features(source, "l2_zscore")
+    Xt_all, yt_all = domain_features(target, "l2_zscore")
+    src, lab, test = random_split_rows(ys_all, yt_all, source, target, k, seed)
     prob = GramProblem.from_features(
         Xs_all[src], ys_all[src], Xt_all[lab], yt_all[lab], Xt_all[test]
     )

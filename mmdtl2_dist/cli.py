@@ -21,7 +21,7 @@ COMMAND_MODULES = [
     "mmdtl2_dist.commands.study",
     "mmdtl2_dist.commands.register",
     "mmdtl2_dist.commands.predict",
-    "mmdtl2_dist.commands.bench",
+    "mmdtl2_dist.commands.serve",
 ]
 
 

@@ -2,23 +2,44 @@
 
 How domains are passed
 ----------------------
-Two equivalent ways:
+Two ways:
 
 1. ``fit(X, y, sample_domain=...)`` — skada's convention: one array ``X`` whose rows are
    source samples where ``sample_domain > 0`` and labelled target samples where
-   ``sample_domain < 0``. This needs one feature dimension for both devices.
-   Without ``sample_domain`` (e.g. inside scikit-learn's own checks) every sample is used
-   both as a source and as a labelled target sample: the "no device shift" case.
-2. ``fit_domains(Xs, ys, Xt, yt)`` — separate arrays, so the source and target feature
-   dimensions may differ (conv3 64,896-d source, conv5 43,264-d target).
+   ``sample_domain < 0`` (keyword only, as in skada's adapters). This needs one feature
+   dimension for both devices. The methods adapt **one** source domain to **one** target
+   domain: several positive (or several negative) ids are refused, naming the ids
+   found. A target row labelled ``-1`` — skada's mark for an unlabelled target sample,
+   which skada's pipelines put on every target row unless ``mask_target_labels=False`` —
+   is refused: only labelled target samples are used, and ``-1`` is not read as a
+   class.
+2. ``fit_domains(Xs, ys, Xt, yt)`` — separate labelled arrays, so the source and target
+   feature dimensions may differ (conv3 64,896-d source, conv5 43,264-d target). Every
+   label is a class here, ``-1`` included.
+
+Without ``sample_domain``, ``fit(X, y)`` of an adaptation method (:class:`MMDTL2`,
+:class:`MMDT`, :class:`MMDTHoffman`) is refused with a message showing both calls:
+nothing says which rows come from which device, and using every row as both source and
+target would quietly fit a model with no device shift to adapt to. The single-domain
+baselines are plain classifiers there: :class:`SourceSVM` reads every row as a source
+sample (skada infers the same for labels other than ``-1``) and :class:`TargetSVM` every
+row as a labelled target sample; both read ``-1`` as a class, as scikit-learn does.
 
 ``predict``, ``decision_function``, ``score`` and ``transform`` take **target-device**
-samples (the device being adapted to). With ``sample_domain``, rows with a positive
-domain are scored by the source classifier instead (same feature space only).
+samples (the device being adapted to). With ``sample_domain`` (keyword only), rows with
+a positive domain are scored by the source classifier instead (same feature space only).
+The ``sample_domain`` of every method is requested for scikit-learn's metadata routing by
+default, as skada's estimators request it, so skada pipelines pass it on.
 
 Preprocessing (``preprocessing=``) is fitted per device on the samples given to ``fit``
 (source rows and target rows separately) and frozen; see
-:mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used.
+:mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used. The
+preprocessed features of each device must have squared norms that float64 can hold beside
+the bias constant 1 (:func:`~mmdtl2_dist.core.preprocessing.check_scale`); ``"l2"`` and
+``"l2_zscore"`` are scale-free, ``"none"`` is not.
+
+``fit``, ``fit_domains``, ``predict``, ``decision_function``, ``score`` and ``transform``
+run with one BLAS/OpenMP thread (:mod:`mmdtl2_dist.core.threads`).
 """
 
 from __future__ import annotations
@@ -32,8 +53,14 @@ from sklearn.utils.validation import check_is_fitted
 from mmdtl2_dist.core.adapter import AdapterState, check_features
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.methods import GramProblem, default_params
-from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram
-from mmdtl2_dist.core.preprocessing import fit_preprocessing
+from mmdtl2_dist.core.mmdtl2 import (
+    MMDTL2Params,
+    check_weights,
+    fit_mmdtl2_gram,
+    hinge_weights_named,
+)
+from mmdtl2_dist.core.preprocessing import check_scale, fit_preprocessing
+from mmdtl2_dist.core.threads import one_thread
 
 MAX_EXPLICIT_W = 50_000_000  # entries of an explicit W (400 MB of doubles)
 
@@ -51,8 +78,60 @@ def _check_labels(y, n: int, name: str) -> np.ndarray:
         )
     if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
         raise ValueError(f"{name} contains NaN or Inf labels; drop unlabelled samples.")
+    _label_kind(y, name)
     check_classification_targets(y)
     return y
+
+
+def _label_kind(y: np.ndarray, name: str) -> str:
+    """``"str"`` or ``"number"``: the one type of the labels ``y``; ValueError if mixed.
+
+    Labels of mixed types (``"a"`` and ``0``) cannot be sorted into classes, and numpy
+    would turn the numbers into strings beside string labels (``0`` → ``"0"``).
+    """
+    if y.dtype.kind in "US":
+        return "str"
+    if y.dtype.kind != "O":
+        return "number"
+    is_str = {isinstance(v, str | bytes) for v in y.ravel()}
+    if len(is_str) > 1:
+        raise ValueError(
+            f"{name} mixes string and non-string labels (e.g. {_first(y, True)!r} and "
+            f"{_first(y, False)!r}); labels must all be one type: convert them, e.g. "
+            f"{name}.astype(str)."
+        )
+    return "str" if is_str == {True} else "number"
+
+
+def _first(y: np.ndarray, want_str: bool):
+    """The first label of ``y`` that is (or is not) a string, as a plain Python value."""
+    v = next(v for v in y.ravel() if isinstance(v, str | bytes) == want_str)
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _check_label_types(ys, yt) -> None:
+    """Source and target labels must be of one type (``0`` and ``"0"`` are not one class)."""
+    if ys is None or yt is None or len(ys) == 0 or len(yt) == 0:
+        return
+    ks, kt = _label_kind(ys, "ys"), _label_kind(yt, "yt")
+    if ks != kt:
+        raise ValueError(
+            f"source labels are {'strings' if ks == 'str' else 'numbers'} but target labels "
+            f"are {'strings' if kt == 'str' else 'numbers'} (e.g. {ys[:1].tolist()[0]!r} and "
+            f"{yt[:1].tolist()[0]!r}); "
+            "labels must be one type on both devices: convert one of them, e.g. "
+            "yt.astype(ys.dtype) or both .astype(str)."
+        )
+
+
+def _preprocessed(X, pre, name: str):
+    """``X`` through the fitted preprocessing ``pre``, its scale checked (None stays None)."""
+    if X is None:
+        return None
+    Xp = pre.transform(X)
+    with np.errstate(over="ignore"):  # an overflow is what check_scale reports
+        check_scale(np.einsum("ij,ij->i", Xp, Xp), name)
+    return Xp
 
 
 def _n_rows(X) -> int:
@@ -65,36 +144,122 @@ def _n_rows(X) -> int:
         return int(np.asarray(X).shape[0])
 
 
-def split_domains(X, y, sample_domain):
-    """Split skada-style inputs into ``(Xs, ys, Xt, yt)``."""
-    X = check_features(X, None)
-    y = _check_labels(y, X.shape[0], "y")
-    if sample_domain is None:
-        return X, y, X, y
-    sd = np.asarray(sample_domain).reshape(-1)
-    if sd.shape[0] != X.shape[0]:
+def domain_masks(sample_domain, n: int, owner: str) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target row masks of skada's ``sample_domain`` for ``n`` rows.
+
+    skada's convention: one integer per row, ``> 0`` for a source domain, ``< 0`` for a
+    target domain; a scalar applies to every row. ``owner`` adapts one source domain to
+    one target domain, so every source row must carry one positive id and every target
+    row one negative id: several of either are refused (pooling them silently would
+    treat several devices as one).
+    """
+    sd = np.asarray(sample_domain)
+    if sd.ndim == 0:
+        sd = np.full(n, sd)
+    sd = sd.reshape(-1)
+    if sd.shape[0] != n:
         raise ValueError(
-            f"sample_domain has {sd.shape[0]} entries but X has {X.shape[0]} rows; "
+            f"sample_domain has {sd.shape[0]} entries but X has {n} rows; "
             "give one domain per sample (> 0 source, < 0 target)."
+        )
+    if sd.dtype.kind not in "iuf" or not np.all(np.isfinite(sd)):
+        raise ValueError(
+            f"sample_domain must be finite integers (> 0 source, < 0 target), got "
+            f"{sd[:3].tolist()} ... of dtype {sd.dtype}; e.g. "
+            "np.r_[np.ones(n_source, int), -np.ones(n_target, int)]."
         )
     if np.any(sd == 0):
         raise ValueError("sample_domain must be > 0 (source) or < 0 (target), never 0.")
-    src, tgt = sd > 0, sd < 0
+    for side, ids in (("source", np.unique(sd[sd > 0])), ("target", np.unique(sd[sd < 0]))):
+        if ids.size > 1:
+            raise ValueError(
+                f"sample_domain holds {ids.size} {side} domains {ids.tolist()}; {owner} "
+                f"adapts one source domain to one target domain. Fit one model per {side} "
+                f"domain, or, if the {side} domains are one device, give them one id "
+                "(e.g. sample_domain = np.sign(sample_domain))."
+            )
+    return sd > 0, sd < 0
+
+
+def _refuse_unlabelled_targets(y: np.ndarray, target: np.ndarray) -> None:
+    """Refuse target rows labelled ``-1``: skada's mark for an unlabelled target sample.
+
+    The estimators learn from labelled target samples only; reading ``-1`` as a class
+    would silently train on unknown labels (a skada pipeline masks every target label
+    with ``-1`` unless told not to).
+    """
+    if _label_kind(y, "y") != "number":
+        return
+    rows = np.flatnonzero(target & (y == -1))
+    if rows.size:
+        shown = ", ".join(map(str, rows[:10])) + (" ..." if rows.size > 10 else "")
+        raise ValueError(
+            f"{rows.size} target row(s) (sample_domain < 0) are labelled -1, skada's mark "
+            f"for an unlabelled target sample (rows {shown}); these estimators learn from "
+            "labelled target samples only and do not use unlabelled ones. Drop those rows "
+            "(keep = ~((sample_domain < 0) & (y == -1))); in a skada pipeline, keep the "
+            "target labels: make_da_pipeline(..., mask_target_labels=False). If -1 is a "
+            "real class, relabel it, or pass the arrays to fit_domains(Xs, ys, Xt, yt), "
+            "which reads every label as a class."
+        )
+
+
+def split_domains(X, y, sample_domain, owner: str = "the model"):
+    """``(Xs, ys, Xt, yt)`` from skada's inputs: one ``X``, one ``y``, one ``sample_domain``.
+
+    Rows with ``sample_domain > 0`` are source samples, rows with ``sample_domain < 0``
+    labelled target samples (:func:`domain_masks`); a target row labelled ``-1`` is
+    refused (:func:`_refuse_unlabelled_targets`).
+    """
+    X = check_features(X, None)
+    y = _check_labels(y, X.shape[0], "y")
+    src, tgt = domain_masks(sample_domain, X.shape[0], owner)
+    _refuse_unlabelled_targets(y, tgt)
     return X[src], y[src], X[tgt], y[tgt]
 
 
 class _AdaptationBase(ClassifierMixin, BaseEstimator):
-    """Shared validation, preprocessing and scoring."""
+    """Shared validation, preprocessing and scoring.
+
+    The ``__metadata_request__*`` attributes request ``sample_domain`` by default, as
+    skada's own estimators do, so that scikit-learn's metadata routing (which skada's
+    pipelines and cross-validation use) passes it to ``fit``, ``predict``,
+    ``decision_function`` and ``score`` without a ``set_*_request`` call.
+    """
+
+    __metadata_request__fit = {"sample_domain": True}
+    __metadata_request__predict = {"sample_domain": True}
+    __metadata_request__decision_function = {"sample_domain": True}
+    __metadata_request__score = {"sample_domain": True}
 
     _needs_source = True
     _needs_target = True
 
-    def fit(self, X, y, sample_domain=None):
-        """Fit on source and labelled target samples (skada's ``sample_domain``)."""
-        Xs, ys, Xt, yt = split_domains(X, y, sample_domain)
-        return self.fit_domains(Xs, ys, Xt, yt)
+    @one_thread
+    def fit(self, X, y, *, sample_domain=None):
+        """Fit on source and labelled target rows of ``X`` (skada's ``sample_domain``).
+
+        ``sample_domain`` (keyword only): one integer per row, ``> 0`` for the source
+        domain, ``< 0`` for the target domain (:func:`domain_masks`). Without it an
+        adaptation method refuses, since nothing says which rows come from which device,
+        and :class:`SourceSVM` / :class:`TargetSVM` read every row as their one domain.
+        """
+        if sample_domain is None:
+            return self._fit_one_domain(X, y)
+        return self.fit_domains(*split_domains(X, y, sample_domain, type(self).__name__))
+
+    def _fit_one_domain(self, X, y):
+        """``fit`` without ``sample_domain``: refused, naming both ways to give the domains."""
+        name = type(self).__name__
+        raise ValueError(
+            f"{name}.fit needs sample_domain, one entry per row of X: > 0 for source "
+            "rows, < 0 for labelled target rows (skada's convention), e.g. "
+            f"{name}().fit(X, y, sample_domain=np.r_[np.ones(n_source), -np.ones(n_target)]); "
+            f"or pass the two domains separately: {name}().fit_domains(Xs, ys, Xt, yt)."
+        )
 
     def _validate_domains(self, Xs, ys, Xt, yt):
+        check_weights(self.get_params(deep=False))
         if self._needs_source:
             if Xs is None or _n_rows(Xs) == 0:
                 raise ValueError(
@@ -111,6 +276,8 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
                 )
             Xt = check_features(Xt, None, "Xt")
             yt = _check_labels(yt, Xt.shape[0], "yt")
+        if self._needs_source and self._needs_target:
+            _check_label_types(ys, yt)
         labels = [a for a in (ys if self._needs_source else None, yt) if a is not None]
         classes = np.unique(np.concatenate(labels)) if labels else np.array([])
         if classes.size < 2:
@@ -129,11 +296,22 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         return Xs, ys, Xt, yt, classes
 
     def _fit_preprocessing(self, Xs, Xt):
+        """Fit each device's preprocessing; return the preprocessed ``Xs``, ``Xt`` (or None).
+
+        Both are checked for a scale float64 can fit on
+        (:func:`~mmdtl2_dist.core.preprocessing.check_scale`).
+        """
         method = getattr(self, "preprocessing", "none")
         self.source_preprocessing_ = None if Xs is None else fit_preprocessing(Xs, method)
         self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt, method)
+        after = f"after preprocessing={method!r}"
+        return (
+            _preprocessed(Xs, self.source_preprocessing_, f"Xs (source features {after})"),
+            _preprocessed(Xt, self.target_preprocessing_, f"Xt (target features {after})"),
+        )
 
-    def decision_function(self, X, sample_domain=None):
+    @one_thread
+    def decision_function(self, X, *, sample_domain=None):
         """Class scores of target samples (or source rows, see module docstring).
 
         Shape (n, K) one-vs-rest scores; for two classes sklearn's convention (n,):
@@ -143,29 +321,34 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
     def _scores(self, X, sample_domain=None):
+        """(n, K) scores: target rows by the adapted classifier, source rows by the source one."""
         check_is_fitted(self)
         X = check_features(X, None)
-        if sample_domain is None or not np.any(np.asarray(sample_domain) > 0):
+        if sample_domain is None:
             return self._target_scores(X)
-        sd = np.asarray(sample_domain).reshape(-1)
-        if sd.shape[0] != X.shape[0]:
-            raise ValueError("sample_domain must have one entry per row of X.")
+        src, tgt = domain_masks(sample_domain, X.shape[0], type(self).__name__)
+        if not np.any(src):
+            return self._target_scores(X)
         out = np.empty((X.shape[0], len(self.classes_)))
-        if np.any(sd < 0):
-            out[sd < 0] = self._target_scores(X[sd < 0])
-        out[sd > 0] = self._source_scores(X[sd > 0])
+        if np.any(tgt):
+            out[tgt] = self._target_scores(X[tgt])
+        out[src] = self._source_scores(X[src])
         return out
 
-    def predict(self, X, sample_domain=None):
+    @one_thread
+    def predict(self, X, *, sample_domain=None):
         """Predicted class labels."""
         check_is_fitted(self)
         return self.classes_[np.argmax(self._scores(X, sample_domain), axis=1)]
 
-    def score(self, X, y, sample_domain=None, sample_weight=None):
+    @one_thread
+    def score(self, X, y, *, sample_domain=None, sample_weight=None):
         """Accuracy on target samples."""
         from sklearn.metrics import accuracy_score
 
-        return accuracy_score(y, self.predict(X, sample_domain), sample_weight=sample_weight)
+        return accuracy_score(
+            y, self.predict(X, sample_domain=sample_domain), sample_weight=sample_weight
+        )
 
     def _source_scores(self, X):
         raise ValueError(f"{type(self).__name__} does not score source-device samples.")
@@ -180,7 +363,8 @@ class _LinearSVMBase(_AdaptationBase):
     def _fit_svm(self, V, y_enc, cost):
         from mmdtl2_dist.core.mmdt import linear_svm
 
-        Theta, b = linear_svm(V, y_enc, len(self.classes_), cost, self.qp_solver, self.qp_tol)
+        with hinge_weights_named(self.get_params(deep=False)):
+            Theta, b = linear_svm(V, y_enc, len(self.classes_), cost, self.qp_solver, self.qp_tol)
         self.coef_ = Theta.T  # (K, L)
         self.intercept_ = b
         return self
@@ -207,23 +391,17 @@ class TargetSVM(_LinearSVMBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
-    def fit(self, X, y, sample_domain=None):
-        if sample_domain is not None:
-            sd = np.asarray(sample_domain).reshape(-1)
-            X = check_features(X, None)
-            y = _check_labels(y, X.shape[0], "y")
-            if sd.shape[0] != X.shape[0]:
-                raise ValueError("sample_domain must have one entry per row of X.")
-            return self.fit_domains(None, None, X[sd < 0], y[sd < 0])
+    def _fit_one_domain(self, X, y):
+        """Without ``sample_domain`` every row is a labelled target sample (a plain SVM)."""
         return self.fit_domains(None, None, X, y)
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Fit on the labelled target samples (source arguments ignored)."""
         _, _, Xt, yt, classes = self._validate_domains(None, None, Xt, yt)
         self.classes_ = classes
-        self._fit_preprocessing(None, Xt)
+        _, V = self._fit_preprocessing(None, Xt)
         self.n_features_in_ = Xt.shape[1]
-        V = self.target_preprocessing_.transform(Xt)
         return self._fit_svm(V, np.searchsorted(classes, yt), np.full(len(yt), self.c_t))
 
     def _target_scores(self, X):
@@ -247,6 +425,11 @@ class SourceSVM(_LinearSVMBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
+    def _fit_one_domain(self, X, y):
+        """Without ``sample_domain`` every row is a source sample: the source-only SVM."""
+        return self.fit_domains(X, y)
+
+    @one_thread
     def fit_domains(self, Xs, ys, Xt=None, yt=None):
         """Fit on source samples and (optionally) labelled target samples."""
         has_t = Xt is not None and _n_rows(Xt) > 0
@@ -254,14 +437,14 @@ class SourceSVM(_LinearSVMBase):
         if has_t:
             Xt = check_features(Xt, Xs.shape[1], "Xt")
             yt = _check_labels(yt, Xt.shape[0], "yt")
+            _check_label_types(ys, yt)
         else:
             Xt, yt = np.zeros((0, Xs.shape[1])), ys[:0]
         self.classes_ = np.unique(np.r_[ys, yt])
-        self._fit_preprocessing(Xs, Xt if has_t else None)
+        V, Vt = self._fit_preprocessing(Xs, Xt if has_t else None)
         self.n_features_in_ = Xs.shape[1]
-        V = self.source_preprocessing_.transform(Xs)
         if has_t:
-            V = np.vstack([V, self.target_preprocessing_.transform(Xt)])
+            V = np.vstack([V, Vt])
         cost = np.r_[np.full(len(ys), self.c_s), np.full(len(yt), self.c_t)]
         return self._fit_svm(V, np.searchsorted(self.classes_, np.r_[ys, yt]), cost)
 
@@ -317,7 +500,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         own parameters are used. Otherwise the set that cross-validates best on the
         labelled target samples (one per class held out per fold; lowest held-out hinge
         loss when the grid keeps ``c_s``, ``c_t`` and the kernel fixed, else best
-        accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used (issue 8).
+        accuracy; :func:`mmdtl2_dist.core.selection.select_by_cv`) is used.
     allow_target_only_classes : bool
         Accept target classes with no source sample (their hyperplane starts from an
         all-negative source SVM).
@@ -380,6 +563,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.select = select
         self.allow_target_only_classes = allow_target_only_classes
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Fit on source ``(Xs, ys)`` and labelled target ``(Xt, yt)`` samples.
 
@@ -387,9 +571,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         """
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
         self.classes_ = classes
-        self._fit_preprocessing(Xs, Xt)
-        Xs_p = self.source_preprocessing_.transform(Xs)
-        Xt_p = self.target_preprocessing_.transform(Xt)
+        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt)
         self.n_features_in_ = Xt.shape[1]
         self.n_source_features_ = Xs.shape[1]
         self.selection_ = None
@@ -523,6 +705,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         X = check_features(X, self.n_source_features_, owner=type(self).__name__)
         return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
 
+    @one_thread
     def transform(self, X):
         """Map target samples into the source space: ``W x̂`` (n, Ls).
 
@@ -538,6 +721,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             WX += _apply_prior(self._prior, Xp, WX.shape[1])
         return WX
 
+    @one_thread
     def transform_matrix(self) -> np.ndarray:
         """The explicit ``W`` (Ls, Lt + 1) for the linear kernel, when it is small enough."""
         check_is_fitted(self)
@@ -605,6 +789,7 @@ class MMDT(TransformerMixin, _AdaptationBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Fit on source and labelled target samples (dimensions may differ)."""
         from mmdtl2_dist.core.mmdt import fit_mmdt_explicit
@@ -616,18 +801,19 @@ class MMDT(TransformerMixin, _AdaptationBase):
                 "use MMDTL2(c_f=1, c_d=0), which never forms W."
             )
         self.classes_ = classes
-        self._fit_preprocessing(Xs, Xt)
+        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt)
         self.n_features_in_ = Xt.shape[1]
         self.n_source_features_ = Xs.shape[1]
-        W, Theta, b, n_iter = fit_mmdt_explicit(
-            self.source_preprocessing_.transform(Xs), np.searchsorted(classes, ys),
-            self.target_preprocessing_.transform(Xt), np.searchsorted(classes, yt), len(classes),
-            c_t=self.c_t, c_s=self.c_s, max_iter=self.max_iter, tol=self.tol,
-            qp_solver=self.qp_solver, qp_tol=self.qp_tol,
-        )  # fmt: skip
+        with hinge_weights_named(self.get_params(deep=False)):
+            W, Theta, b, n_iter = fit_mmdt_explicit(
+                Xs_p, np.searchsorted(classes, ys), Xt_p, np.searchsorted(classes, yt),
+                len(classes), c_t=self.c_t, c_s=self.c_s, max_iter=self.max_iter, tol=self.tol,
+                qp_solver=self.qp_solver, qp_tol=self.qp_tol,
+            )  # fmt: skip
         self.W_, self.coef_source_, self.intercept_, self.n_iter_ = W, Theta.T, b, n_iter
         return self
 
+    @one_thread
     def transform(self, X):
         """``W x̂`` (n, Ls) of target samples."""
         check_is_fitted(self)
@@ -645,7 +831,7 @@ class MMDT(TransformerMixin, _AdaptationBase):
 
 
 class MMDTHoffman(_AdaptationBase):
-    """MMDT as in Hoffman et al.'s reference MATLAB code (DESIGN.md §5), on Gram matrices.
+    """MMDT as in Hoffman et al.'s reference MATLAB code, on Gram matrices.
 
     Like the reference code it is **transductive**: the PCA to ``pca_dim`` dimensions is
     fitted on the training *and* the test samples, so ``fit`` stores the training data
@@ -664,16 +850,15 @@ class MMDTHoffman(_AdaptationBase):
         self.faithful = faithful
         self.preprocessing = preprocessing
 
+    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Store the preprocessed training data (the fit happens per predicted batch)."""
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
         if Xs.shape[1] != Xt.shape[1]:
             raise ValueError("MMDTHoffman needs one feature space for source and target.")
         self.classes_ = classes
-        self._fit_preprocessing(Xs, Xt)
+        self._Xs, self._Xt = self._fit_preprocessing(Xs, Xt)
         self.n_features_in_ = Xt.shape[1]
-        self._Xs = self.source_preprocessing_.transform(Xs)
-        self._Xt = self.target_preprocessing_.transform(Xt)
         self._ys, self._yt = ys, yt
         return self
 

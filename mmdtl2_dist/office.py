@@ -95,7 +95,9 @@ def office_spec(
     return parse_spec(raw, None, output=output)
 
 
-def run_office(spec, *, workers: int | None = None, track: bool = False, progress: bool = True):
+def run_office(
+    spec, *, workers: int | None = None, track: bool = False, progress: bool | None = None
+):
     """Run the protocol's study on the local executor; return the study's report dict."""
     from mmdtl2_dist.study.runner import run_study
 

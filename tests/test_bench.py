@@ -1,18 +1,37 @@
-"""Smoke test of ``mmdtl2 bench`` (the tiny preset: every study, seconds)."""
+"""The computation-time benchmarks of benchmarks/bench_scale.py (``make bench``), tiny sizes.
+
+They live in the checkout, not in the package: these tests import the script from
+``benchmarks/`` and run its studies on the ``tiny`` preset (seconds).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-from mmdtl2_dist.bench import figure8_table, primal_memory_estimate
-from mmdtl2_dist.cli import main
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_scale.py"
 
 
-def test_bench_tiny_writes_json_and_plot(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_tiny_writes_json_and_plot(bench, tmp_path, capsys):
     out = tmp_path / "results"
-    argv = ["bench", "--preset", "tiny", "--out", str(out), "--workdir", str(tmp_path)]
-    rc = main([*argv, "--in-process"])
-    assert rc == 0
+    argv = ["--preset", "tiny", "--out", str(out), "--workdir", str(tmp_path)]
+    assert bench.main([*argv, "--in-process"]) == 0
     res = {}
     for study in ("figure8", "wstep", "svm", "e2e"):
         res.update(json.loads((out / f"scale_{study}_tiny.json").read_text()))
@@ -33,18 +52,59 @@ def test_bench_tiny_writes_json_and_plot(tmp_path, capsys):
     assert "| L |" in capsys.readouterr().out
 
 
-def test_out_of_memory_runs_are_reported_not_started(monkeypatch):
-    import mmdtl2_dist.bench as bench
-    from mmdtl2_dist.bench import figure8
+def test_isolated_runs_are_child_processes_of_the_script(tmp_path):
+    """As ``make bench`` runs it: the script, each task in a fresh interpreter."""
+    argv = [sys.executable, str(SCRIPT), "--preset", "tiny", "--only", "wstep"]
+    done = subprocess.run(
+        [*argv, "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (rec,) = json.loads((tmp_path / "scale_wstep_tiny.json").read_text())["wstep"]
+    assert rec["status"] == "ok" and rec["peak_rss_mb"] > 0, rec
+    assert {"pdas", "dcd"} <= set(rec["solvers"])
 
+
+def test_features_come_from_the_product_generator(bench):
+    from mmdtl2_dist.store.synthetic import SyntheticSpec, synthetic_features
+
+    Xs, ys, Xt, yt, Xq, yq = bench.scale_data(12, 10, 6, 3, seed=5, Q=9)
+    spec = SyntheticSpec(n_source=10, n_target=15, n_classes=3, dim=12, seed=5)
+    X, y = synthetic_features(spec, 1, dtype=np.float64)
+    assert np.array_equal(Xs, synthetic_features(spec, 0, dtype=np.float64)[0])
+    assert sorted(yt.tolist()) == [0, 0, 1, 1, 2, 2] and len(yq) == 9
+    assert np.array_equal(np.sort(np.r_[yt, yq]), np.sort(y))
+    rows = {tuple(r) for r in X}
+    assert all(tuple(r) in rows for r in np.vstack([Xt, Xq]))
+
+
+def test_out_of_memory_runs_are_reported_not_started(bench, monkeypatch):
     monkeypatch.setattr(bench, "_ISOLATE", False)  # the one cheap run in this process
 
     preset = {"dims": (20_000,), "per_class": (2,), "N": 10, "K": 2, "primal_max_dim": 10**6}
     # A dual run at L = 20,000 is cheap; primal and explicit W are refused by estimate.
-    recs = figure8(preset, mem_limit_gb=1.0, log=lambda *a: None)
+    recs = bench.figure8(preset, mem_limit_gb=1.0, log=lambda *a: None)
     by = {r["method"]: r for r in recs}
     assert by["dual"]["status"] == "ok"
     assert by["primal"]["status"].startswith("out of memory (estimate")
     assert by["mmdt_explicit"]["status"].startswith("out of memory (estimate")
-    assert primal_memory_estimate(20_000, 4, 2) > 2**30
-    assert "out of memory" in figure8_table(recs)
+    assert bench.primal_memory_estimate(20_000, 4, 2) > 2**30
+    assert "out of memory" in bench.figure8_table(recs)
+
+
+def test_the_package_holds_no_benchmark_or_test_fixture():
+    """Benchmarks, the loopback cluster and fault injection live in the checkout only."""
+    import mmdtl2_dist
+    from mmdtl2_dist.cli import build_parser
+    from mmdtl2_dist.engine import compute_gram, tasks
+
+    modules = {p.stem for p in Path(mmdtl2_dist.__file__).parent.rglob("*.py")}
+    assert not {"bench", "loopback"} & modules
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert "bench" not in commands
+    assert not [p for p in inspect.signature(compute_gram).parameters if p.startswith("_")]
+    assert list(inspect.signature(tasks.gram_tile_task).parameters) == [
+        "job",
+        "tile",
+        "stats",
+        "norms",
+    ]

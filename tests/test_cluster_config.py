@@ -7,6 +7,9 @@
   the ray.io/v1 RayCluster / RayJob fields written from KubeRay's API types (no CRD
   ships with a pip package; see the schema's ``$comment``).
 - Runtime environments: Ray's ``RuntimeEnv`` parser.
+- What listens where: no configuration or documented command binds all interfaces
+  (``0.0.0.0``) without a ``# exposed:`` comment saying why, and the Ray dashboard's
+  address is always given explicitly (KubeRay's default is all interfaces).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -176,3 +180,73 @@ def test_job_scripts_only_delegate_to_the_cli(name):
     assert isinstance(inner, ast.Call) and inner.func.id == "main"
     first = inner.args[0].elts[0]
     assert isinstance(first, ast.Constant) and first.value == name
+
+
+# --- what listens where ----------------------------------------------------------------
+
+CLUSTER_FILES = sorted(
+    p for p in (ROOT / "cluster").rglob("*") if p.is_file() and p.suffix in {".yaml", ".ini", ""}
+)
+DOCS = [
+    ROOT / "docs" / "run_on_a_cluster.md",
+    ROOT / "docs" / "deploy.md",
+    ROOT / "cluster" / "README.md",
+]
+
+
+def unexplained_bind_all(text: str) -> list[str]:
+    """Lines that bind all interfaces (``0.0.0.0`` outside a comment) with no ``exposed:``
+    reason in a comment on the line or in the comment lines just above it."""
+    found, comments = [], []
+    for line in text.splitlines():
+        code, _, comment = line.partition("#")
+        if not code.strip():
+            comments.append(comment)
+            continue
+        if "0.0.0.0" in code and not any("exposed:" in c for c in (comment, *comments)):
+            found.append(line.strip())
+        comments = []
+    return found
+
+
+@pytest.mark.parametrize("path", CLUSTER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_cluster_files_bind_all_interfaces_only_with_a_reason(path):
+    assert not unexplained_bind_all(path.read_text()), path
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_documented_commands_bind_all_interfaces_only_with_a_reason(doc):
+    blocks = re.findall(r"```(?:bash|yaml|ini)\n(.*?)```", doc.read_text(), flags=re.S)
+    assert blocks
+    assert not [line for b in blocks for line in unexplained_bind_all(b)], doc
+
+
+def test_bind_all_check_catches_a_silent_exposure():
+    """The check above fails a config that exposes the dashboard without saying so."""
+    manifest = KUBERAY_MANIFESTS[0].read_text()
+    assert not unexplained_bind_all(manifest)
+    exposed = manifest.replace('dashboard-host: "127.0.0.1"', 'dashboard-host: "0.0.0.0"')
+    assert exposed != manifest and unexplained_bind_all(exposed) == ['dashboard-host: "0.0.0.0"']
+    launcher = LAUNCHER_CONFIGS[0].read_text().replace("127.0.0.1", "0.0.0.0")
+    assert unexplained_bind_all(launcher)
+    assert unexplained_bind_all("mlflow server --host 0.0.0.0 --port 5000")
+    assert not unexplained_bind_all("# exposed: behind the TLS proxy\nmlflow server --host 0.0.0.0")
+
+
+@pytest.mark.parametrize("path", LAUNCHER_CONFIGS, ids=lambda p: p.name)
+def test_launcher_dashboard_listens_on_loopback(path):
+    config = yaml.safe_load(path.read_text())
+    heads = [c for c in config["head_start_ray_commands"] if "ray start" in c]
+    assert heads and all("--dashboard-host=127.0.0.1" in c for c in heads)
+
+
+def test_kuberay_dashboard_address_is_explicit():
+    cluster, job = _cluster_specs()
+    # KubeRay binds the dashboard to all interfaces unless told otherwise.
+    assert cluster["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    assert "dashboard-host" in job["headGroupSpec"]["rayStartParams"]
+    for spec in (cluster, job):
+        head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in head["env"]}
+        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "mmdtl2-mlflow-credentials"

@@ -22,33 +22,36 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
-
-from mmdtl2_dist.cluster.loopback import LoopbackCluster, free_ports, head_command, worker_command
+from loopback import (
+    LoopbackCluster,
+    free_ports,
+    head_command,
+    mlflow_server_command,
+    worker_command,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "run_on_a_cluster.md"
 CLUSTER_README = ROOT / "cluster" / "README.md"
-README = ROOT / "README.md"
 MMDTL2 = shlex.split(os.environ.get("MMDTL2_CLI", f"{sys.executable} -m mmdtl2_dist.cli"))
 JOB_TIMEOUT = 300  # seconds; a job here takes 10-60 s on a busy 2-core machine
 
 # The documented commands, with the values the documentation shows them with.
+# The dashboard and the MLflow server listen on the head's loopback interface: your
+# machine reaches them through an SSH port-forward, the job's driver (on the head) directly.
 DOC_VALUES = {
     "head_ip": "HEAD_IP",
-    "address": "http://HEAD_IP:8265",
+    "address": "http://127.0.0.1:8265",
     "shared": "/mnt/shared/mmdtl2",
-    "mlflow_host": "0.0.0.0",
-    "mlflow_port": "5000",
-    "mlflow": "http://MLFLOW_HOST:5000",
+    "mlflow": "http://127.0.0.1:5000",
     "job_id": "JOB_ID",
 }
-MLFLOW_SERVER = (
-    "mlflow server --backend-store-uri sqlite:///{shared}/mlflow.db "
-    "--artifacts-destination {shared}/mlartifacts --host {mlflow_host} --port {mlflow_port}"
-)
+# The MLflow user the study jobs log as (docs/run_on_a_cluster.md, step 3).
+JOB_USER = ("mmdtl2", "job-Pw-0123456789")
 SYNTH = "mmdtl2 synth {shared}/study.zarr --n-source 60 --n-target 45 --dim 64 --groups 10"
 SUBMIT_STUDY = (
     "mmdtl2 submit --address {address} --working-dir . --runtime-env cluster/runtime_env.yaml "
@@ -57,7 +60,7 @@ SUBMIT_STUDY = (
 )
 SUBMIT_GRAM_NO_WAIT = (
     "mmdtl2 submit --address {address} --installed --no-wait -- python -m mmdtl2_dist.cli "
-    "gram {shared}/study.zarr --space conv3 --out {shared}/grams/conv3 --address auto"
+    "gram {shared}/study.zarr --space conv3 --address auto"
 )
 FOLLOW = "mmdtl2 submit --address {address} --follow {job_id}"
 STOP = "mmdtl2 submit --address {address} --stop {job_id}"
@@ -81,15 +84,14 @@ def doc_commands(doc: Path) -> set[str]:
     return commands
 
 
-@pytest.mark.parametrize(
-    "doc", [DOC, CLUSTER_README, README], ids=lambda p: p.parent.name + "/" + p.name
-)
+@pytest.mark.parametrize("doc", [DOC, CLUSTER_README], ids=lambda p: p.parent.name + "/" + p.name)
 def test_documented_commands_are_the_tested_ones(doc):
     documented = doc_commands(doc)
     expected = [
         shlex.join(head_command(6379, 8265, 8)),
         shlex.join(worker_command("HEAD_IP:6379", 8)),
-        *(t.format(**DOC_VALUES) for t in (MLFLOW_SERVER, SYNTH, SUBMIT_STUDY)),
+        shlex.join(mlflow_server_command(DOC_VALUES["shared"], 5000)),
+        *(t.format(**DOC_VALUES) for t in (SYNTH, SUBMIT_STUDY)),
         *(t.format(**DOC_VALUES) for t in (SUBMIT_GRAM_NO_WAIT, FOLLOW, STOP)),
         "export RAY_AUTH_MODE=token",
     ]
@@ -112,8 +114,14 @@ def run(template: str, values: dict, env: dict, timeout: float = JOB_TIMEOUT, **
 
 
 def _cluster():
-    # PYTHONPATH on the nodes plays the part of an installed mmdtl2-dist (--installed).
-    return LoopbackCluster(num_workers=1, num_cpus=1, env={"PYTHONPATH": str(ROOT)})
+    # PYTHONPATH on the nodes plays the part of an installed mmdtl2-dist (--installed); the
+    # MLflow credentials are those exported before `ray start` on the head (the driver's).
+    env = {"PYTHONPATH": str(ROOT), **_mlflow_login(JOB_USER)}
+    return LoopbackCluster(num_workers=1, num_cpus=1, env=env)
+
+
+def _mlflow_login(user: tuple[str, str]) -> dict[str, str]:
+    return {"MLFLOW_TRACKING_USERNAME": user[0], "MLFLOW_TRACKING_PASSWORD": user[1]}
 
 
 @pytest.fixture(scope="module")
@@ -134,16 +142,40 @@ def shared():
 
 @pytest.fixture(scope="module")
 def mlflow_server(shared):
-    """A real ``mlflow server`` on loopback (the documented command, one worker)."""
+    """A real ``mlflow server`` with authentication on loopback (the documented command
+    and ``cluster/mlflow-auth.ini``, one worker), with the jobs' user created."""
+    import base64
+    import json
+    import urllib.request
+
     (port,) = free_ports(1)
-    values = {"shared": shared, "mlflow_host": "127.0.0.1", "mlflow_port": port}
-    argv = [*shlex.split(MLFLOW_SERVER.format(**values)), "--workers", "1"]
+    ini = (ROOT / "cluster" / "mlflow-auth.ini").read_text()
+    (shared / "mlflow-auth.ini").write_text(ini.replace("/mnt/shared/mmdtl2", str(shared)))
+    admin = ("admin", "admin-Pw-0123456789")
+    env = dict(
+        os.environ,
+        MLFLOW_AUTH_CONFIG_PATH=str(shared / "mlflow-auth.ini"),
+        MLFLOW_AUTH_ADMIN_PASSWORD=admin[1],
+        MLFLOW_FLASK_SERVER_SECRET_KEY="test-secret-key-0123456789",
+    )
+    argv = [*mlflow_server_command(shared, port), "--workers", "1"]
     argv[0] = str(Path(sys.executable).with_name("mlflow"))
     log = open(shared / "mlflow-server.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(f"{uri}/health", proc, 90)
+        _wait_http(f"{uri}/health", proc, 180)
+        request = urllib.request.Request(
+            f"{uri}/api/2.0/mlflow/users/create",
+            data=json.dumps({"username": JOB_USER[0], "password": JOB_USER[1]}).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": "Basic " + base64.b64encode(":".join(admin).encode()).decode(),
+            },
+        )
+        urllib.request.urlopen(request, timeout=30).close()
         yield uri
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server's own session: its workers too
@@ -208,15 +240,16 @@ def test_study_on_two_nodes_reports_and_logs_to_mlflow(cluster, shared, store, m
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "SUCCEEDED" in result.stderr
     # The logs were streamed: the study's table is in the output.
-    assert "| n_per_class | targetSVM | MMDTL2 |" in result.stdout
+    assert "| n_per_class | target SVM | MMDTL2 |" in result.stdout
 
     out = shared / "studies" / "cluster_demo"
     for name in ("report.md", "table.csv", "results.csv"):
         assert (out / "report" / name).stat().st_size > 0
 
-    client = MlflowClient(mlflow_server)
-    exp = client.get_experiment_by_name("mmdtl2-cluster_demo")
-    runs = client.search_runs([exp.experiment_id])
+    with mock.patch.dict(os.environ, _mlflow_login(JOB_USER)):
+        client = MlflowClient(mlflow_server)
+        exp = client.get_experiment_by_name("mmdtl2-cluster_demo")
+        runs = client.search_runs([exp.experiment_id])
     roles = [r.data.tags.get("mmdtl2_role") for r in runs]
     assert roles.count("parent") == 1
     assert roles.count("trial") == 2 * 2  # 2 methods x 2 sample counts
@@ -250,13 +283,16 @@ def test_no_wait_follow_and_stop(cluster, shared, store):
     assert followed.returncode == 0, followed.stderr
     assert "tiles" in followed.stdout  # the Gram command's own summary, streamed
 
-    from mmdtl2_dist.engine.gram_store import GramStore
+    from mmdtl2_dist.core.preprocessing import fit_preprocessing
+    from mmdtl2_dist.engine import GramStore, gram_location
     from mmdtl2_dist.store.feature_store import FeatureStore
 
+    # The Gram is where the documented study (preprocessing l2_zscore) finds it.
     fs = FeatureStore.open(store)
-    gram = GramStore.open(shared / "grams" / "conv3")
-    assert gram.complete
-    X = np.concatenate([fs.read(d, "conv3") for d in gram.devices]).astype(np.float64)
+    gram = GramStore.open(gram_location(fs, "conv3", "l2_zscore"))
+    assert gram.complete and gram.path.parent == shared / "study.zarr.grams"
+    raw = [fs.read(d, "conv3").astype(np.float64) for d in gram.devices]
+    X = np.concatenate([fit_preprocessing(x, "l2_zscore").transform(x) for x in raw])
     # Same float64 sums in another order: a few ulps of the largest entries.
     np.testing.assert_allclose(gram.to_numpy(), X @ X.T, rtol=1e-10, atol=1e-8)
 
@@ -298,13 +334,16 @@ def test_failed_job_and_missing_token(cluster, shared, tmp_path):
     assert "token" in refused.stderr and "RAY_AUTH_TOKEN" in refused.stderr
 
 
-PROBE_GRAM = """
+SLOW_GRAM = """
 import sys
 from mmdtl2_dist.engine.driver import compute_gram
 
-store, out, probe = sys.argv[1:4]
-gs = compute_gram(store, "conv3", out, tile_rows=16, address="auto", progress=False,
-                  _probe={"dir": probe, "delay": 2.0})
+store, out, probe, tests = sys.argv[1:5]
+sys.path.insert(0, tests)
+from slow_tiles import slow_gram_tiles
+
+with slow_gram_tiles(probe, delay=2.0):
+    gs = compute_gram(store, "conv3", out, tile_rows=16, address="auto", progress=False)
 print("GRAM DONE", gs.last_run if hasattr(gs, "last_run") else "")
 """
 
@@ -317,15 +356,17 @@ def test_worker_node_lost_during_gram_loses_nothing(store, tmp_path):
     from mmdtl2_dist.engine.gram_store import GramStore
     from mmdtl2_dist.store.feature_store import FeatureStore
 
-    script = tmp_path / "probe_gram.py"
-    script.write_text(PROBE_GRAM)
+    script = tmp_path / "slow_gram.py"
+    script.write_text(SLOW_GRAM)
     probe = tmp_path / "probe"
     probe.mkdir()
     out = tmp_path / "gram"
     with _cluster() as cluster:
         env = cluster.client_env()
         v = values(cluster, tmp_path)
-        entry = shlex.join(["python", str(script), str(store), str(out), str(probe)])
+        entry = shlex.join(
+            ["python", str(script), str(store), str(out), str(probe), str(ROOT / "tests")]
+        )
         started = run("mmdtl2 submit --address {address} --installed --no-wait -- " + entry, v, env)
         assert started.returncode == 0, started.stderr
         job_id = started.stdout.strip().splitlines()[-1]

@@ -9,6 +9,7 @@ conditioning.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -504,3 +505,216 @@ def test_sub_problem_equals_the_split_built_from_features():
     for name in ("Kss", "Ktt", "Ktq", "sq_q", "Kst", "Ksq", "Kqq", "Ksu", "Kuu", "Ksuq", "Kuuq"):
         np.testing.assert_allclose(getattr(sub, name), getattr(ref, name), atol=1e-12)
     np.testing.assert_array_equal(sub.yt, yt[train])
+
+
+# ------------------------------------------- scale, weights and threads at the entry points
+
+
+def _gram_problem(scale=1.0, seed=0):
+    from mmdtl2_dist.core.methods import GramProblem
+
+    _, ys, yt, Xs, Xt = _problem(seed, 3, 30, 9, 5, 5)
+    return GramProblem.from_features(Xs * scale, ys, Xt * scale, yt, Xt[:4] * scale)
+
+
+@pytest.mark.parametrize(
+    ("scale", "problem"),
+    [(1e200, "overflow float64"), (1e10, "squared norms up to"), (1e-10, "vanish beside")],
+)
+@pytest.mark.parametrize("method", ["mmdtl2", "target_svm", "source_svm"])
+def test_gram_problem_of_extreme_scale_is_refused(scale, problem, method):
+    """A study trial's Grams of features ~1e200 / ~1e-10 get the scale named, not a
+    LinAlgError or one predicted class."""
+    from mmdtl2_dist.core.methods import fit_predict
+
+    with np.errstate(over="ignore", invalid="ignore"):  # the Grams of 1e200 features
+        prob = _gram_problem(scale)
+    with pytest.raises(ValueError, match=problem) as e:
+        fit_predict(method, {}, prob)
+    assert "Use preprocessing='l2' or 'l2_zscore'" in str(e.value)
+
+
+def test_fit_mmdtl2_gram_refuses_overflowed_grams():
+    _, ys, yt, Xs, Xt = _problem(1, 3, 20, 6, 4, 4)
+    Kz = np.zeros((26, 26))
+    Kz[:20, :20] = Xs @ Xs.T
+    Kt = Xt @ Xt.T + 1.0
+    p = MMDTL2Params()
+    with pytest.raises(ValueError, match="Kt .the target kernel. has NaN or Inf"):
+        fit_mmdtl2_gram(Kz, np.full_like(Kt, np.inf), ys, yt, 3, p)
+    Kz_inf = Kz.copy()
+    Kz_inf[0, 0] = np.inf
+    with pytest.raises(ValueError, match="source samples' Gram.: squared norms overflow"):
+        fit_mmdtl2_gram(Kz_inf, Kt, ys, yt, 3, p)
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "message"),
+    [
+        (
+            "target_svm",
+            {"c_t": 1e12},
+            r"c_t must be a positive number of at most 1e\+06, got 1e\+12",
+        ),
+        ("source_svm", {"c_s": -1.0}, "c_s must be a positive number"),
+        ("mmdt_hoffman", {"c_s": np.inf}, "c_s must be a positive number"),
+        ("mmdtl2", {"c_d": -0.5}, "c_d must be a non-negative finite number"),
+    ],
+)
+def test_fit_predict_checks_the_weights_naming_them(method, params, message):
+    from mmdtl2_dist.core.methods import fit_predict
+
+    with pytest.raises(ValueError, match=message):
+        fit_predict(method, params, _gram_problem())
+
+
+def test_hinge_weights_named_in_qp_failures_once():
+    from mmdtl2_dist.core.mmdtl2 import hinge_weights_named
+
+    with pytest.raises(QPSolveError) as e:
+        with hinge_weights_named({"c_s": 0.1, "c_t": 1e5, "c_f": 1.0}):
+            with hinge_weights_named({"c_s": 0.1, "c_t": 1e5}):
+                raise QPSolveError("box QP of size 3 not solved.")
+    assert str(e.value).count("hinge weights c_s = 0.1, c_t = 100000") == 1
+
+
+def test_osqp_setup_failure_is_a_qp_error_not_an_osqp_exception():
+    """OSQP refuses a (numerically) indefinite Hessian at set-up; the chain reports it."""
+    H = np.array([[1.0, 0.0], [0.0, -1.0]])
+    with pytest.raises(QPSolveError, match="set-up failed"):
+        solve_box_qp(H, np.ones(2), 0.0, 1.0, solver="osqp")
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-200, 1e-160, 1.0, 1e160, 1e200, 1e300])
+def test_l2_normalize_gives_unit_rows_at_any_finite_scale(scale):
+    from mmdtl2_dist.core.preprocessing import l2_normalize
+
+    X = np.random.default_rng(0).normal(size=(6, 9))
+    X[2] = 0.0
+    Y = l2_normalize(X * scale)
+    np.testing.assert_allclose(np.linalg.norm(Y[[0, 1, 3, 4, 5]], axis=1), 1.0, rtol=1e-15)
+    np.testing.assert_allclose(Y, l2_normalize(X), rtol=1e-14, atol=1e-300)
+    assert not np.any(Y[2])
+    if scale == 1.0:  # rows of ordinary scale are divided exactly as before
+        np.testing.assert_array_equal(
+            Y[[0, 1]], X[[0, 1]] / np.linalg.norm(X[[0, 1]], axis=1)[:, None]
+        )
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+
+    return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+@pytest.fixture
+def qp_blas_threads(monkeypatch):
+    """The BLAS thread counts seen inside every KKT check and kernel evaluation."""
+    import mmdtl2_dist.core.kernels as kernels
+    import mmdtl2_dist.core.qp as qp
+
+    seen = []
+    for module, name in ((qp, "kkt_residual"), (kernels, "kernel_from_gram")):
+        orig = getattr(module, name)
+
+        def wrapped(*a, _orig=orig, **k):
+            seen.append(_blas_threads())
+            return _orig(*a, **k)
+
+        monkeypatch.setattr(module, name, wrapped)
+    return seen
+
+
+def _entry_points():
+    from mmdtl2_dist.core.adapter import AdapterState
+    from mmdtl2_dist.core.methods import fit_predict
+    from mmdtl2_dist.core.preprocessing import PreprocessStats
+    from mmdtl2_dist.core.selection import select_by_cv
+
+    prob = _gram_problem(seed=3)
+    _, ys, yt, Xs, Xt = _problem(3, 3, 30, 9, 5, 5)
+    adapter = AdapterState(
+        np.arange(3), Xt, np.ones((3, 9)), np.zeros(3), None,
+        KernelSpec("rbf", 0.5), PreprocessStats("none"),
+    )  # fmt: skip
+    return {
+        "fit_predict": lambda: fit_predict("mmdtl2", {"kernel": "rbf"}, prob),
+        "fit_predict svm": lambda: fit_predict("target_svm", {}, prob),
+        "select_by_cv": lambda: select_by_cv("mmdtl2", [{"c_f": 0.1}, {"c_f": 1.0}], prob),
+        "fit_mmdtl2_gram": lambda: fit_mmdtl2_gram(
+            np.pad(prob.Kss, (0, 9)), prob.Ktt + 1.0, ys, yt, 3, MMDTL2Params()
+        ),
+        "adapter": lambda: adapter.decision_function(Xt),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_entry_points()))
+def test_core_entry_points_run_with_one_blas_thread(entry, qp_blas_threads):
+    from threadpoolctl import threadpool_limits
+
+    run = _entry_points()[entry]
+    with threadpool_limits(2, user_api="blas"):
+        run()
+        assert _blas_threads() == {2}  # the user's setting is back
+    assert qp_blas_threads and all(s == {1} for s in qp_blas_threads), qp_blas_threads
+
+
+def test_thread_limit_can_be_removed_for_the_unlimited_baseline(qp_blas_threads, monkeypatch):
+    """With the limit replaced by a no-op (what benchmarks/bench_threads.py does for its
+    unlimited baseline), the user's setting stays in force inside the fit."""
+    import contextlib
+
+    from threadpoolctl import threadpool_limits
+
+    import mmdtl2_dist.core.threads as threads
+    from mmdtl2_dist.core.methods import fit_predict
+
+    monkeypatch.setattr(threads, "_limited", contextlib.nullcontext)
+    with threadpool_limits(2, user_api="blas"):
+        fit_predict("mmdtl2", {}, _gram_problem(seed=4))
+    assert qp_blas_threads and all(s == {2} for s in qp_blas_threads)
+
+
+THREADS_SCRIPT = """
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+from threadpoolctl import threadpool_info
+import mmdtl2_dist.core.qp as qp
+from mmdtl2_dist.core.methods import GramProblem, fit_predict
+
+def blas():
+    return sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+
+rng = np.random.default_rng(0)
+Xs, Xt = rng.normal(size=(30, 5)), rng.normal(size=(9, 5))
+prob = GramProblem.from_features(Xs, np.arange(30) % 3, Xt, np.arange(9) % 3, Xt[:4])
+orig, seen = qp.kkt_residual, []
+qp.kkt_residual = lambda *a, **k: (seen.append(blas()), orig(*a, **k))[1]
+before = blas()
+with ThreadPoolExecutor(4) as pool:  # concurrent fits in worker threads
+    list(pool.map(lambda _: fit_predict("mmdtl2", {}, prob), range(8)))
+after, during = blas(), list(seen)
+seen.clear()
+t = threading.Thread(target=fit_predict, args=("mmdtl2", {}, prob))  # a later fit
+t.start(); t.join()
+print(json.dumps({"before": before, "during": during, "after": after, "later": seen}))
+"""
+
+
+def test_thread_limit_held_across_concurrent_fits_and_released_after():
+    """Fits in several Python threads at once all run with one BLAS thread, leave the
+    process's setting as it was, and a later fit in yet another thread takes its limit
+    again (no thread keeps control of OpenBLAS's process-wide pool)."""
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["after"] == res["before"] == [min(2, os.cpu_count() or 1)]
+    assert res["during"] and all(s == [1] for s in res["during"]), res
+    assert res["later"] and all(s == [1] for s in res["later"]), res

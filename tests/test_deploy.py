@@ -10,11 +10,15 @@ in ``test_register_after_real_study`` (marked ``slow`` and ``ray``).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from loopback import mlflow_server_command
 from mlflow.tracking import MlflowClient
 
 from mmdtl2_dist.cli import main
@@ -87,11 +91,13 @@ def make_store(path: Path, n=(60, 45), seed=0) -> Path:
     return path
 
 
-def record_study(folder: Path) -> Path:
-    """A study folder as `mmdtl2 study run` leaves it, with the ACCURACY results."""
+def record_study(folder: Path, tracking_uri: str | None = None) -> Path:
+    """A study folder as `mmdtl2 study run` leaves it, with the ACCURACY results (logged
+    to ``tracking_uri`` when given, else to the study's own SQLite store)."""
     folder.mkdir(parents=True, exist_ok=True)
     store = make_store(folder / "store.zarr")
-    (folder / "spec.toml").write_text(SPEC)
+    tracking = f'[tracking]\nuri = "{tracking_uri}"\n' if tracking_uri else ""
+    (folder / "spec.toml").write_text(SPEC + tracking)
     spec = load_spec(folder / "spec.toml", output=folder / "out")
     spec.output.mkdir()
     _write_state(spec, {})
@@ -279,6 +285,7 @@ def test_register_configuration_not_in_study(fresh_study):
         (["--metric", "accuracy_f1"], "has metric 'accuracy_f1'"),
         (["--label", "targetSVM"], "Deployable labels"),
         (["--pair", "cam_b->cam_a"], "is not in the study"),
+        (["--pair", "cam_a-"], "quote the pair, --pair 'cam_a->TARGET'"),
         (["--method", "mmdtl2", "--param", "kernel=rbf", "--export-w"], "linear kernel"),
         (["--method", "mmdtl2", "--param", "c_q=1"], "no parameter 'c_q'"),
         (["--method", "mmdtl2", "--param", "c_d=-1"], "c_d must be"),
@@ -367,7 +374,7 @@ def test_predict_feature_store_and_zarr_array(registered, tmp_path):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda X: X[:, :5], "does not match expected shape (-1, 20)"),
+        (lambda X: X[:, :5], "has 5 features, but model models:/io@champion is expecting 20"),
         (lambda X: np.where(np.arange(X.size).reshape(X.shape) == 3 * DIM + 2, np.nan, X),
          "NaN or Inf in 1 row(s): 3"),
     ],
@@ -417,9 +424,6 @@ def test_predict_output_paths(registered, tmp_path, capsys):
 
 def test_deploy_core_needs_no_study_or_engine():
     """The served code path imports numpy-only modules (shipped as code_paths)."""
-    import subprocess
-    import sys
-
     code = (
         "import sys; import mmdtl2_dist.core.adapter; "
         "bad = [m for m in ('ray', 'zarr', 'scipy', 'sklearn', 'osqp', 'mlflow') "
@@ -427,6 +431,134 @@ def test_deploy_core_needs_no_study_or_engine():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# A sitecustomize that makes scikit-learn and scipy unimportable in a whole interpreter.
+BLOCK_SKLEARN_SCIPY = """
+import sys
+
+
+class BlockSklearnScipy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("sklearn", "scipy"):
+            raise ImportError(f"{name} is blocked: the deployed model must not need it")
+        return None
+
+
+sys.meta_path.insert(0, BlockSklearnScipy())
+"""
+
+PREDICT_FROM_ARTIFACTS = """
+import sys
+import numpy as np
+import mlflow
+
+model_dir, x_path, out_path = sys.argv[1:4]
+try:
+    import sklearn  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("the blocker did not load")
+model = mlflow.pyfunc.load_model(model_dir)
+pred = model.predict(np.load(x_path))
+import mmdtl2_dist
+
+assert mmdtl2_dist.__file__.startswith(model_dir), mmdtl2_dist.__file__  # the shipped copy
+assert not [m for m in sys.modules if m.split(".")[0] in ("sklearn", "scipy")]
+np.save(out_path, pred[[c for c in pred.columns if c.startswith("score_")]].to_numpy())
+"""
+
+
+def test_logged_model_predicts_without_sklearn_or_scipy(registered, tmp_path):
+    """A prediction, not just imports: the logged model from its artifact folder, in an
+    interpreter where importing scikit-learn or scipy raises ImportError."""
+    import mlflow
+
+    uri = uri_of(registered)
+    mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version_by_alias(
+        "io", "champion"
+    )
+    with use_tracking_uri(uri):
+        model_dir = mlflow.artifacts.download_artifacts(mv.source, dst_path=str(tmp_path / "m"))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_SKLEARN_SCIPY)
+    X = target_samples(registered)
+    np.save(tmp_path / "X.npy", X)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    result = subprocess.run(
+        [sys.executable, "-c", PREDICT_FROM_ARTIFACTS, model_dir, str(tmp_path / "X.npy"),
+         str(tmp_path / "scores.npy")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    want = reference_estimator(registered).decision_function(X)
+    np.testing.assert_array_equal(np.load(tmp_path / "scores.npy"), want)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([[0.5, True], [0.1, 0.2]], "holds bool True at row 0, column 1"),
+        ([[0.5, 0.1], [0.1, "1.5"]], "holds str '1.5' at row 1, column 1"),
+        (np.array([["0.5", "1"]]), "holds strings, e.g. '0.5' at row 0, column 0"),
+        (np.array([[True, False]]), "holds booleans"),
+        ([[0.5, 0.1], [0.2]], "rows of different lengths"),
+        ([[0.5, None]], "NaN or Inf in 1 row(s): 0"),
+        ([[]], "has 0 features, but the adapter is expecting 2"),
+        (np.zeros((0, 2)), "has no samples"),
+        (np.zeros(2), "must be 2-D"),
+    ],
+)
+def test_adapter_refuses_what_is_not_a_number(rows, message):
+    est = MMDTL2().fit_domains(
+        np.eye(4, 2) + 0.1, [0, 1, 0, 1], np.eye(4, 2)[::-1] + 0.2, [0, 1, 0, 1]
+    )
+    with pytest.raises(ValueError) as err:
+        est.adapter_.decision_function(rows)
+    assert message in str(err.value)
+    # numbers of every kind are accepted, and agree with the float64 array
+    ref = est.adapter_.decision_function(np.array([[1.0, 2.0]]))
+    for same in ([[1, 2.0]], [[np.int32(1), np.float32(2)]], np.array([[1, 2]])):
+        np.testing.assert_array_equal(est.adapter_.decision_function(same), ref)
+
+
+def test_register_logs_without_mlflow_type_hint_warning(fresh_study, capfd):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["register", str(fresh_study), "--name", "quiet", "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert "type hints" not in out + err
+    assert not [w for w in caught if "type hint" in str(w.message)]
+
+
+def test_predict_wrong_dimension_says_only_what_is_wrong(registered, tmp_path, capsys):
+    np.save(tmp_path / "X5.npy", target_samples(registered)[:, :5])
+    assert _predict(registered, tmp_path / "X5.npy", tmp_path / "o.csv") == 2
+    err = capsys.readouterr().err
+    assert "X5.npy has 5 features, but model models:/io@champion is expecting 20" in err
+    assert len(err) < 400 and "[[" not in err  # no array in the message
+
+
+def test_predict_without_store_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    np.save(tmp_path / "X.npy", np.zeros((2, DIM)))
+    assert main(["predict", "--model", "models:/nowhere@champion", "X.npy"]) == 2
+    err = capsys.readouterr().err
+    assert f"no MLflow store at sqlite:///{tmp_path}/mlflow.db" in err
+    assert "neither --tracking-uri nor MLFLOW_TRACKING_URI is set" in err
+    assert "--tracking-uri sqlite:///STUDY/mlflow.db" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["X.npy"]
+    missing = tmp_path / "elsewhere" / "mlflow.db"
+    argv = ["predict", "--model", "models:/m@champion", "X.npy", "--tracking-uri"]
+    assert main([*argv, f"sqlite:///{missing}"]) == 2
+    assert f"no MLflow store at sqlite:///{missing} (--tracking-uri)" in capsys.readouterr().err
+    assert not missing.parent.exists()
 
 
 @pytest.mark.slow
@@ -464,3 +596,199 @@ def test_register_after_real_study(tmp_path):
         fs.read("cam_a", "f"), np.arange(60) % 3 + 1, fs.read("cam_b", "f"), np.arange(45) % 3 + 1
     )
     np.testing.assert_array_equal(pd.read_parquet(pred)["label"], est.predict(X))
+
+
+# -- an MLflow server with authentication -------------------------------------------------
+
+# The documented configuration of the auth app, with its shared folder made local.
+AUTH_INI = Path(__file__).resolve().parents[1] / "cluster" / "mlflow-auth.ini"
+ADMIN = ("admin", "admin-Pw-0123456789")
+TRAINER = ("trainer", "trainer-Pw-0123456789")
+READER = ("reader", "reader-Pw-0123456789")
+
+
+def _http(url: str, method: str = "GET", body: bytes | None = None, user=None) -> int:
+    """Status of one HTTP request to the test server, with basic auth for ``user``."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if user:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(user).encode()).decode()
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _answers(url: str) -> bool:
+    try:
+        return _http(url) == 200
+    except OSError:  # not listening yet
+        return False
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    """``mlflow server --app-name basic-auth`` on loopback as documented (docs/deploy.md,
+    "Authentication"; cluster/mlflow-auth.ini), with users ``trainer`` and ``reader``."""
+    import signal
+    import socket
+    import time
+
+    folder = tmp_path_factory.mktemp("auth")
+    ini = AUTH_INI.read_text().replace("/mnt/shared/mmdtl2", str(folder))
+    (folder / "basic_auth.ini").write_text(ini)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        MLFLOW_AUTH_CONFIG_PATH=str(folder / "basic_auth.ini"),
+        MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN[1],
+        MLFLOW_FLASK_SERVER_SECRET_KEY="test-secret-key-0123456789",
+    )
+    cmd = [*mlflow_server_command(folder, port), "--workers", "1"]  # the documented command
+    cmd[0] = str(Path(sys.executable).with_name("mlflow"))
+    log = folder / "server.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while not _answers(f"{uri}/health"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"mlflow server --app-name basic-auth did not start:\n{log.read_text()}"
+                )
+            time.sleep(1)
+        for name, password in (TRAINER, READER):
+            body = json.dumps({"username": name, "password": password}).encode()
+            assert _http(f"{uri}/api/2.0/mlflow/users/create", "POST", body, ADMIN) == 200
+        yield uri, folder
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own session: its workers too
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _login(monkeypatch, user) -> None:
+    if user is None:
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user[0])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", user[1])
+
+
+@pytest.mark.slow
+def test_auth_server_refuses_anonymous_writes(auth_server):
+    uri, _ = auth_server
+    api = f"{uri}/api/2.0/mlflow"
+    create = json.dumps({"name": "anonymous"}).encode()
+    assert _http(f"{api}/experiments/create", "POST", create) == 401
+    assert _http(f"{api}/registered-models/create", "POST", create) == 401
+    assert _http(f"{uri}/api/2.0/mlflow-artifacts/artifacts/0/x/model_code.py", "PUT", b"x") == 401
+    assert _http(f"{api}/registered-models/search") == 401
+    assert _http(f"{api}/experiments/create", "POST", create, ("admin", "wrong")) == 401
+
+
+@pytest.mark.slow
+def test_register_and_predict_with_credentials(auth_server, tmp_path, monkeypatch, capsys):
+    uri, folder = auth_server
+    _login(monkeypatch, TRAINER)
+    study = record_study(tmp_path / "s", tracking_uri=uri)  # trials logged as the trainer
+    assert main(["register", str(study), "--name", "secure", "--quiet"]) == 0
+    assert "models:/secure@champion" in capsys.readouterr().out
+
+    # A prediction host with read-only credentials: the model, exactly.
+    _login(monkeypatch, READER)
+    X = target_samples(study)
+    np.save(tmp_path / "X.npy", X)
+    argv = ["predict", "--model", "models:/secure@champion", str(tmp_path / "X.npy"),
+            "-o", str(tmp_path / "p.parquet"), "--tracking-uri", uri, "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    scores = pd.read_parquet(tmp_path / "p.parquet")[[f"score_{c}" for c in CLASS_NAMES]]
+    np.testing.assert_array_equal(
+        scores.to_numpy(), reference_estimator(study).decision_function(X)
+    )
+
+    # ... which can neither register a version, nor move the alias, nor change the code.
+    assert main(["register", str(study), "--name", "secure", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and "write access to experiment" in err
+    assert "MLFLOW_TRACKING_USERNAME" in err
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException, match="403"):
+        client.set_registered_model_alias("secure", "champion", "1")
+    code = next((folder / "mlartifacts").rglob("model_code.py"))
+    path = code.relative_to(folder / "mlartifacts").as_posix()
+    put = f"{uri}/api/2.0/mlflow-artifacts/artifacts/{path}"
+    before = code.read_bytes()
+    assert _http(put, "PUT", b"raise SystemExit('replaced')", READER) == 403
+    assert code.read_bytes() == before
+    versions = client.search_model_versions("name = 'secure'")
+    assert [v.version for v in versions] == ["1"]
+
+    # No credentials: refused, with what to set.
+    _login(monkeypatch, None)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot load model 'models:/secure@champion'" in err and "401" in err
+    assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in err
+
+
+URIS_SET_BACK = """
+import os, sys, mlflow
+from mmdtl2_dist.deploy.registry import use_tracking_uri
+
+def state():
+    env = [os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")]
+    return [mlflow.get_tracking_uri(), mlflow.get_registry_uri(), *env]
+
+db = sys.argv[1]
+for case in ("default", "set", "environment", "registry"):
+    mlflow.set_tracking_uri(None)
+    mlflow.set_registry_uri(None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("MLFLOW_REGISTRY_URI", None)
+    if case == "set":
+        mlflow.set_tracking_uri(db + "/set.db")
+    elif case == "environment":
+        os.environ["MLFLOW_TRACKING_URI"] = db + "/env.db"
+    elif case == "registry":
+        mlflow.set_registry_uri(db + "/registry.db")
+    before = state()
+    with use_tracking_uri(db + "/inside.db"):
+        assert mlflow.get_registry_uri() == mlflow.get_tracking_uri() == db + "/inside.db"
+    assert state() == before, (case, before, state())
+    mlflow.set_tracking_uri(db + "/later.db")  # a registry URI not set follows this one
+    later = db + ("/registry.db" if case == "registry" else "/later.db")
+    assert mlflow.get_registry_uri() == later, (case, mlflow.get_registry_uri())
+print("ok")
+"""
+
+
+def test_use_tracking_uri_sets_back_the_uris_in_force(tmp_path):
+    """Default, set, from the environment, a separate registry: each is in force again
+    after the block, and a registry URI that was not set still follows the tracking URI."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    db = f"sqlite:///{tmp_path}"
+    out = subprocess.run(
+        [sys.executable, "-c", URIS_SET_BACK, db], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -19,6 +19,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from slow_tiles import slow_gram_tiles
 
 from mmdtl2_dist.commands import gram as gram_cmd
 from mmdtl2_dist.core.kernels import KernelSpec, kernel_from_gram
@@ -234,27 +235,23 @@ def test_killed_worker_does_not_change_the_result(ray_local, tmp_path):
     def run():
         try:
             result["gs"] = compute_gram(
-                tmp_path / "st",
-                "s",
-                tmp_path / "g",
-                tile_rows=16,
-                progress=False,
-                _probe={"dir": str(probe), "delay": 1.5},
+                tmp_path / "st", "s", tmp_path / "g", tile_rows=16, progress=False
             )
         except BaseException as exc:  # noqa: BLE001 - reported to the main thread
             result["error"] = exc
 
     th = threading.Thread(target=run)
-    th.start()
-    deadline = time.monotonic() + 120
-    while not list(probe.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    victim = sorted(probe.iterdir())[0]
-    tile_key, pid = victim.name.rsplit(".", 1)
-    pid = int(pid)
-    assert psutil.Process(pid).pid == pid  # a live Ray worker, busy with a Gram tile
-    os.kill(pid, signal.SIGKILL)
-    th.join(timeout=300)
+    with slow_gram_tiles(probe, delay=1.5):  # each tile names its worker, then waits
+        th.start()
+        deadline = time.monotonic() + 120
+        while not list(probe.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        victim = sorted(probe.iterdir())[0]
+        tile_key, pid = victim.name.rsplit(".", 1)
+        pid = int(pid)
+        assert psutil.Process(pid).pid == pid  # a live Ray worker, busy with a Gram tile
+        os.kill(pid, signal.SIGKILL)
+        th.join(timeout=300)
     assert not th.is_alive() and "error" not in result, result.get("error")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     retried = [p for p in probe.iterdir() if p.name.startswith(tile_key + ".")]
@@ -264,15 +261,28 @@ def test_killed_worker_does_not_change_the_result(ray_local, tmp_path):
 
 _DRIVER = textwrap.dedent(
     """
-    import json, sys
-    sys.path.insert(0, {repo!r})
+    import contextlib, json, sys
+    sys.path[:0] = [{repo!r}, {tests!r}]
     from mmdtl2_dist.engine import compute_gram
+    from slow_tiles import slow_gram_tiles
     delay = float(sys.argv[1])
-    gs = compute_gram({store!r}, "s", {out!r}, tile_rows=8, num_cpus=1, progress=False,
-                      _probe={{"dir": {probe!r}, "delay": delay}} if delay else None)
+    with slow_gram_tiles({probe!r}, delay) if delay else contextlib.nullcontext():
+        gs = compute_gram({store!r}, "s", {out!r}, tile_rows=8, num_cpus=1, progress=False)
     print(json.dumps(gs.last_run))
     """
 )
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL a driver started in a session of its own, with its raylet and workers."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in children:  # those that left the session
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.communicate()
 
 
 @pytest.mark.ray
@@ -282,7 +292,13 @@ def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
     probe.mkdir()
     script = tmp_path / "driver.py"
     script.write_text(
-        _DRIVER.format(repo=str(REPO), store=str(tmp_path / "st"), out=str(out), probe=str(probe))
+        _DRIVER.format(
+            repo=str(REPO),
+            tests=str(REPO / "tests"),
+            store=str(tmp_path / "st"),
+            out=str(out),
+            probe=str(probe),
+        )
     )
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen(
@@ -300,14 +316,7 @@ def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
             break
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()
-    children = psutil.Process(proc.pid).children(recursive=True)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver's own session: driver, raylet, workers
-    for child in children:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.communicate()
+    kill_session(proc)
     before = {p.stem: json.loads(p.read_text()) for p in tiles.glob("*.json")}
     assert 4 <= len(before) < n_tiles
     with pytest.raises(ValueError, match="incomplete"):
@@ -347,8 +356,9 @@ def test_resume_checks_parameters_and_finished_jobs_return_at_once(ray_local, tm
     assert again.finished_tiles() == markers
     with pytest.raises(ValueError, match="other parameters.*preprocessing"):
         compute_gram(tmp_path / "st", "s", tmp_path / "g", preprocessing="l2", progress=False)
-    with pytest.raises(ValueError, match="tile_rows"):
-        compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=4, progress=False)
+    # A complete Gram is used as it is, whatever tile size is asked for.
+    other = compute_gram(tmp_path / "st", "s", tmp_path / "g", tile_rows=4, progress=False)
+    assert other.reused and other.tile_rows == 8 and other.finished_tiles() == markers
     with pytest.raises(ValueError, match="unknown space"):
         compute_gram(tmp_path / "st", "nope", tmp_path / "h", progress=False)
     with pytest.raises(ValueError, match="preprocessing must be one of"):
@@ -370,6 +380,7 @@ def test_cli_gram_with_progress(ray_local, tmp_path, capsys):
             "8",
             "--preprocessing",
             "l2",
+            "--progress",  # stderr is not a terminal here
         ]
     )
     assert args.func(args) == 0
@@ -444,7 +455,7 @@ def _session_processes(pid: int) -> tuple[list[psutil.Process], list[psutil.Proc
 def test_killed_gram_command_leaves_no_ray_process(ray_local, tmp_path):
     """SIGKILL of `mmdtl2 gram` while its local Ray computes: its Ray processes stop at once.
 
-    `study run` starts its local Ray through the same function (`_ensure_ray`). The
+    `study run` starts its local Ray through the same function (`ensure_ray`). The
     Ray of this test session (``ray_local``) must survive: it is not the command's.
     """
     _store(tmp_path / "st", {"a": 400, "b": 200}, 64, chunk_rows=16)

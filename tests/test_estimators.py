@@ -24,9 +24,24 @@ def make_devices(seed=0, K=3, N=60, M=12, Q=60, Ls=6, Lt=6):
     return Xs, ys, Xt, yt, Xq, yq
 
 
+class MMDTL2OneDevice(MMDTL2):
+    """MMDTL2 fitted with every row both a source and a labelled target sample.
+
+    scikit-learn's checks call ``fit(X, y)``, which MMDTL2 refuses without
+    ``sample_domain`` (test_adaptation_fit_without_sample_domain_names_both_calls).
+    ``fit_domains(X, y, X, y)`` is the no-shift problem on those rows: the checks then run
+    MMDTL2's own validation, fitted attributes, prediction, cloning and pickling.
+    """
+
+    def fit(self, X, y):
+        return self.fit_domains(X, y, X, y)
+
+
 # Deviations from scikit-learn's checks, with reasons:
 # - none of the checks below is expected to fail;
-# - MMDT (explicit W) is not run through them: without sample_domain every sample is
+# - MMDTL2 is checked through MMDTL2OneDevice (above): its fit(X, y) needs sample_domain.
+#   SourceSVM and TargetSVM fit(X, y) as plain classifiers and are checked as they are.
+# - MMDT (explicit W) is not run through them: on the no-shift problem every sample is
 #   also a labelled target, so its W-step dual has K·n variables with a Hessian of rank
 #   K·(L+1) on the checks' 2-5-d data, and the checks' many fits take minutes. It shares
 #   the validation and prediction code of the estimators checked here, and its maths is
@@ -37,7 +52,7 @@ EXPECTED_FAILED: dict[str, str] = {}
 
 
 @parametrize_with_checks(
-    [MMDTL2(), SourceSVM(), TargetSVM()],
+    [MMDTL2OneDevice(), SourceSVM(), TargetSVM()],
     expected_failed_checks=lambda est: EXPECTED_FAILED,
 )
 def test_sklearn_checks(estimator, check):
@@ -57,6 +72,126 @@ def test_skada_sample_domain_equals_fit_domains():
     np.testing.assert_array_equal(
         mixed[:5], a.classes_[np.argmax(Xs[:5] @ a.coef_source_.T + a.intercept_, 1)]
     )
+
+
+def skada_inputs(seed=0):
+    """One X, y and sample_domain (source 1, target -1), and target query rows."""
+    Xs, ys, Xt, yt, Xq, _ = make_devices(seed)
+    sd = np.r_[np.ones(len(ys), dtype=int), -np.ones(len(yt), dtype=int)]
+    return np.vstack([Xs, Xt]), np.r_[ys, yt], sd, Xq
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, MMDT, MMDTHoffman])
+def test_adaptation_fit_without_sample_domain_names_both_calls(Est):
+    X, y, _, _ = skada_inputs()
+    with pytest.raises(ValueError, match=f"{Est.__name__}.fit needs sample_domain") as e:
+        Est().fit(X, y)
+    assert "sample_domain=np.r_[np.ones(n_source), -np.ones(n_target)]" in str(e.value)
+    assert f"{Est.__name__}().fit_domains(Xs, ys, Xt, yt)" in str(e.value)
+
+
+def test_single_domain_baselines_fit_all_rows_without_sample_domain():
+    """SourceSVM: every row a source sample; TargetSVM: every row a labelled target sample."""
+    X, y, _, Xq = skada_inputs(1)
+    y = np.where(y == 0, -1, y)  # without sample_domain, -1 is a class as in scikit-learn
+    src = SourceSVM().fit(X, y)
+    np.testing.assert_array_equal(
+        src.decision_function(Xq), SourceSVM().fit_domains(X, y).decision_function(Xq)
+    )
+    tgt = TargetSVM().fit(X, y)
+    np.testing.assert_array_equal(
+        tgt.decision_function(Xq), TargetSVM().fit_domains(None, None, X, y).decision_function(Xq)
+    )
+    assert -1 in src.classes_ and -1 in tgt.classes_
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, SourceSVM, TargetSVM])
+def test_sample_domain_is_keyword_only(Est):
+    X, y, sd, Xq = skada_inputs(2)
+    with pytest.raises(TypeError):
+        Est().fit(X, y, sd)
+    est = Est().fit(X, y, sample_domain=sd)
+    sq = -np.ones(len(Xq), dtype=int)
+    for method in (est.predict, est.decision_function):
+        with pytest.raises(TypeError):
+            method(Xq, sq)
+    with pytest.raises(TypeError):
+        est.score(Xq, est.predict(Xq), sq)
+    np.testing.assert_array_equal(est.predict(Xq, sample_domain=sq), est.predict(Xq))
+    np.testing.assert_array_equal(est.predict(Xq, sample_domain=-1), est.predict(Xq))
+    assert est.score(Xq, est.predict(Xq), sample_domain=sq) == 1.0
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, MMDT, SourceSVM, TargetSVM])
+def test_several_source_or_target_domains_are_refused_by_id(Est):
+    X, y, sd, Xq = skada_inputs(3)
+    two_sources = np.where(np.arange(len(sd)) % 2 == 0, sd, 2 * sd).clip(-1)
+    two_targets = np.where(np.arange(len(sd)) % 2 == 0, sd, 3 * sd).clip(None, 1)
+    with pytest.raises(ValueError, match=r"holds 2 source domains \[1, 2\]") as e:
+        Est().fit(X, y, sample_domain=two_sources)
+    assert "Fit one model per source domain" in str(e.value)
+    assert "np.sign(sample_domain)" in str(e.value)
+    with pytest.raises(ValueError, match=r"holds 2 target domains \[-3, -1\]"):
+        Est().fit(X, y, sample_domain=two_targets)
+    est = Est().fit(X, y, sample_domain=np.sign(two_targets))  # the named fix
+    with pytest.raises(ValueError, match=r"holds 2 target domains \[-2, -1\]"):
+        est.predict(Xq, sample_domain=np.r_[-1, -2, -np.ones(len(Xq) - 2, dtype=int)])
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, MMDT, MMDTHoffman, SourceSVM, TargetSVM])
+def test_unlabelled_target_rows_are_refused_not_read_as_class_minus_one(Est):
+    """skada marks an unlabelled target sample with y = -1; it is not a class here."""
+    X, y, sd, _ = skada_inputs(4)
+    y = y.copy()
+    y[np.flatnonzero(sd < 0)[[0, 4]]] = -1
+    with pytest.raises(ValueError, match=r"2 target row\(s\) .* are labelled -1") as e:
+        Est().fit(X, y, sample_domain=sd)
+    assert "skada's mark for an unlabelled target sample" in str(e.value)
+    assert "keep = ~((sample_domain < 0) & (y == -1))" in str(e.value)
+    keep = ~((sd < 0) & (y == -1))  # the named fix
+    assert -1 not in Est().fit(X[keep], y[keep], sample_domain=sd[keep]).classes_
+
+
+def test_sample_domain_values_are_checked():
+    X, y, sd, Xq = skada_inputs(5)
+    for bad in (np.where(sd > 0, np.nan, -1.0), sd.astype(str), sd > 0):
+        with pytest.raises(ValueError, match="sample_domain must be finite integers"):
+            MMDTL2().fit(X, y, sample_domain=bad)
+    est = MMDTL2().fit(X, y, sample_domain=sd)
+    with pytest.raises(ValueError, match="one domain per sample"):
+        est.predict(Xq, sample_domain=-np.ones(3, dtype=int))
+    with pytest.raises(ValueError, match="never 0"):
+        est.predict(Xq, sample_domain=np.zeros(len(Xq), dtype=int))
+
+
+@pytest.fixture()
+def skada_pipeline():
+    """skada's make_da_pipeline, with scikit-learn's global routing flag left as it was.
+
+    Importing skada turns scikit-learn's metadata routing on for the whole process; the
+    pipeline runs inside a config_context that turns it on, and the flag is restored.
+    """
+    import sklearn
+
+    was = sklearn.get_config()["enable_metadata_routing"]
+    skada = pytest.importorskip("skada")
+    sklearn.set_config(enable_metadata_routing=was)
+    with sklearn.config_context(enable_metadata_routing=True):
+        yield skada.make_da_pipeline
+
+
+def test_skada_pipeline_routes_sample_domain(skada_pipeline):
+    X, y, sd, Xq = skada_inputs(6)
+    Xs, ys, Xt, yt = X[sd > 0], y[sd > 0], X[sd < 0], y[sd < 0]
+    ref = MMDTL2(preprocessing="l2").fit_domains(Xs, ys, Xt, yt)
+    pipe = skada_pipeline(MMDTL2(preprocessing="l2"), mask_target_labels=False)
+    pipe.fit(X, y.copy(), sample_domain=sd)
+    sq = -np.ones(len(Xq), dtype=int)
+    np.testing.assert_array_equal(pipe.predict(Xq, sample_domain=sq), ref.predict(Xq))
+    np.testing.assert_array_equal(pipe.decision_function(Xq), ref.decision_function(Xq))
+    # skada's default masks every target label with -1: refused, naming the pipeline fix.
+    with pytest.raises(ValueError, match=r"mask_target_labels=False"):
+        skada_pipeline(MMDTL2()).fit(X, y.copy(), sample_domain=sd)
 
 
 def test_mmdtl2_cf1_cd0_equals_mmdt_paper_form():
@@ -328,3 +463,123 @@ def test_parameter_validation():
         MMDTL2(preprocessing="pca").fit_domains(Xs, ys, Xt, yt)
     with pytest.raises(ValueError, match="W0 must have shape"):
         MMDTL2(prior="matrix", W0=np.zeros((2, 2))).fit_domains(Xs, ys, Xt, yt)
+
+
+# --- extreme feature scales, label types, hinge weights, thread limits --------------------
+
+ALL_FITTED = [MMDTL2, MMDT, SourceSVM, TargetSVM, MMDTHoffman]
+
+
+@pytest.mark.parametrize("Est", ALL_FITTED)
+@pytest.mark.parametrize(
+    ("scale", "problem"),
+    [(1e200, "overflow float64"), (1e10, "squared norms up to"), (1e-10, "vanish beside")],
+)
+def test_extreme_feature_scale_is_refused_naming_the_fix(Est, scale, problem):
+    """Scaled features cannot be rescaled silently (the fit is not scale-invariant)."""
+    Xs, ys, Xt, yt, _, _ = make_devices(2)
+    with pytest.raises(ValueError, match=problem) as e:
+        Est().fit_domains(Xs * scale, ys, Xt * scale, yt)
+    assert "preprocessing='none'" in str(e.value)
+    assert "Use preprocessing='l2' or 'l2_zscore'" in str(e.value)
+
+
+@pytest.mark.parametrize("scale", [1e-200, 1e200])
+def test_scale_free_preprocessing_fits_any_finite_scale(scale):
+    """The fix the message names works: l2 / l2_zscore give the scale-1 model."""
+    Xs, ys, Xt, yt, Xq, _ = make_devices(2)
+    for pre in ("l2", "l2_zscore"):
+        ref = MMDTL2(preprocessing=pre).fit_domains(Xs, ys, Xt, yt)
+        m = MMDTL2(preprocessing=pre).fit_domains(Xs * scale, ys, Xt * scale, yt)
+        np.testing.assert_allclose(
+            m.decision_function(Xq * scale), ref.decision_function(Xq), atol=1e-8
+        )
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, SourceSVM, TargetSVM])
+def test_mixed_label_types_name_the_problem(Est):
+    Xs, ys, Xt, yt, _, _ = make_devices(3)
+    X = np.vstack([Xs, Xt])
+    y = np.array(["a"] + [0] * (len(X) - 1), dtype=object)  # first a string: sort fails
+    y[1::2] = "a"
+    sd = np.r_[np.ones(len(ys)), -np.ones(len(yt))]
+    with pytest.raises(ValueError, match="mixes string and non-string labels") as e:
+        Est().fit(X, y, sample_domain=sd)
+    assert "labels must all be one type" in str(e.value)
+    if Est is not TargetSVM:  # numbers on one device, strings on the other
+        with pytest.raises(ValueError, match="source labels are numbers but target labels"):
+            Est().fit_domains(Xs, ys, Xt, yt.astype(str))
+
+
+@pytest.mark.parametrize("Est", [MMDTL2, MMDT, SourceSVM, MMDTHoffman])
+def test_hinge_weight_out_of_range_names_the_parameter(Est):
+    Xs, ys, Xt, yt, _, _ = make_devices(4)
+    with pytest.raises(
+        ValueError, match=r"c_s must be a positive number of at most 1e\+06, got 1e\+12"
+    ):
+        Est(c_s=1e12).fit_domains(Xs, ys, Xt, yt)
+    with pytest.raises(ValueError, match="c_t must be a positive number"):
+        Est(c_t="1").fit_domains(Xs, ys, Xt, yt)
+
+
+def test_qp_failure_inside_the_range_names_the_hinge_weights():
+    """Large (accepted) c_t on overlapping 3-d classes: the W-step QP cannot be solved."""
+    rng = np.random.default_rng(0)
+    Xs, ys = rng.normal(size=(60, 3)), rng.integers(0, 3, 60)
+    Xt, yt = rng.normal(size=(12, 3)) + 0.3, np.repeat([0, 1, 2], 4)
+    from mmdtl2_dist.core.errors import QPSolveError
+
+    with pytest.raises(QPSolveError, match="hinge weights c_s = 0.1, c_t = 100000 bound"):
+        MMDTL2(c_t=1e5).fit_domains(Xs, ys, Xt, yt)
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+
+    return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+@pytest.fixture
+def blas_seen(monkeypatch):
+    """Record the BLAS thread counts seen inside preprocessing, kernels and QPs of the core."""
+    import mmdtl2_dist.core.kernels as kernels
+    import mmdtl2_dist.core.qp as qp
+    from mmdtl2_dist.core.preprocessing import PreprocessStats
+
+    seen = []
+
+    def spy(module, name):
+        orig = getattr(module, name)
+
+        def wrapped(*a, **k):
+            seen.append(_blas_threads())
+            return orig(*a, **k)
+
+        monkeypatch.setattr(module, name, wrapped)
+
+    spy(kernels, "kernel_from_gram")
+    spy(qp, "kkt_residual")
+    spy(PreprocessStats, "transform")
+    return seen
+
+
+@pytest.mark.parametrize("Est", ALL_FITTED)
+def test_fit_and_predict_run_with_one_blas_thread_and_restore_the_limit(Est, blas_seen):
+    from threadpoolctl import threadpool_limits
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(5)
+    est = Est(pca_dim=None) if Est is MMDTHoffman else Est()
+    with threadpool_limits(2, user_api="blas"):  # the user's setting, above one thread
+        assert _blas_threads() == {2}
+        est.fit_domains(Xs, ys, Xt, yt)
+        n_fit = len(blas_seen)
+        assert _blas_threads() == {2}
+        est.predict(Xq)
+        if hasattr(est, "transform"):
+            est.transform(Xq)
+        assert _blas_threads() == {2}
+    assert 0 < n_fit < len(blas_seen)
+    assert all(s == {1} for s in blas_seen), blas_seen
+    with threadpool_limits(1, user_api="blas"):  # a user's lower limit is kept, not raised
+        est.predict(Xq)
+        assert _blas_threads() == {1}

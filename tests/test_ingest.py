@@ -165,6 +165,60 @@ def test_csv_first_row_0_to_L_minus_1_needs_a_choice(tmp_path, capsys):
     np.testing.assert_array_equal(got, np.vstack([[0, 1, 2], X]))
 
 
+@pytest.mark.parametrize(
+    ("to_csv", "match"),
+    [
+        ({}, "the first column has no name in the header row (its values are 0..n-1)"),
+        ({"header": False}, "the first column holds 0, 1, ..., n-1 in a file without a header"),
+    ],
+    ids=["named-columns", "no-header"],
+)
+def test_csv_row_index_of_pandas_is_never_a_feature(tmp_path, capsys, sample, to_csv, match):
+    X, y, _, _ = sample
+    table = pd.DataFrame(X, columns=[f"f{j}" for j in range(L)])
+    table.to_csv(tmp_path / "x.csv", **to_csv)  # pandas' default index=True
+    args = ["ingest", str(tmp_path / "s.zarr"), "-i", f"a:s:{tmp_path / 'x.csv'}", "-q"]
+    assert main([*args, "--dtype", X.dtype.name]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "df.to_csv(path, index=False)" in err and "--index" in err
+    assert not (tmp_path / "s.zarr").exists()
+    assert main([*args, "--dtype", X.dtype.name, "--index"]) == 0
+    _check(tmp_path / "s.zarr", X)
+    kept = ["ingest", str(tmp_path / "k.zarr"), *args[2:], "--no-index"]
+    assert main([*kept, "--dtype", X.dtype.name]) == 0
+    got = FeatureStore.open(tmp_path / "k.zarr").read("a", "s")
+    np.testing.assert_array_equal(got, np.hstack([np.arange(N)[:, None], X]).astype(X.dtype))
+
+
+def test_csv_of_unnamed_columns_with_pandas_index_is_refused(tmp_path, capsys):
+    X = np.random.default_rng(0).standard_normal((5, 3))
+    pd.DataFrame(X).to_csv(tmp_path / "p.csv")  # header ",0,1,2", then "0,x,x,x", ...
+    args = ["ingest", str(tmp_path / "s.zarr"), "-i", f"a:s:{tmp_path / 'p.csv'}", "-q"]
+    assert main(args) == 2
+    assert "the first column has no name in the header row" in capsys.readouterr().err
+    assert main([*args, "--index"]) == 0
+    _check(tmp_path / "s.zarr", X)
+
+
+def test_csv_row_index_used_as_sample_ids_is_metadata(tmp_path, sample):
+    X, y, _, _ = sample
+    pd.DataFrame(X).assign(label=y).to_csv(tmp_path / "x.csv")
+    keys = {"sample_id": "Unnamed: 0"}
+    inp = IngestInput("a", "s", str(tmp_path / "x.csv"), keys=keys)
+    fs = ingest(tmp_path / "st", [inp], dtype=X.dtype.name)
+    _check(tmp_path / "st", X, y)
+    assert list(fs.metadata["sample_id"].astype(int)) == list(range(N))
+
+
+def test_parquet_pandas_index_is_not_a_feature(tmp_path, sample):
+    X, y, _, _ = sample
+    order = np.random.default_rng(2).permutation(N)  # a shuffled index is stored as a column
+    table = pd.DataFrame(X, columns=[f"f{j}" for j in range(L)]).assign(label=y).iloc[order]
+    table.to_parquet(tmp_path / "x.parquet")
+    ingest(tmp_path / "st", [IngestInput("a", "s", str(tmp_path / "x.parquet"))])
+    _check(tmp_path / "st", X[order], y[order])
+
+
 def test_integer_features_become_exact_float64_and_transpose(tmp_path):
     X = np.arange(N * L, dtype=np.int32).reshape(N, L)
     np.save(tmp_path / "t.npy", X.T)
@@ -245,6 +299,7 @@ def test_cli_ingest_with_progress(tmp_path, sample, monkeypatch, capsys):
             "8",
             "--compression",
             "zstd",
+            "--progress",  # stderr is not a terminal here
         ]
     )
     assert args.func(args) == 0

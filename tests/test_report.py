@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -131,3 +135,67 @@ def test_write_report_files(tmp_path):
     assert set(table["pair"]) == {"a->b", "c->d", "all pairs"}
     with open(tmp_path / "accuracy_vs_n_a_b.png", "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# -- one formatter, one spread, one set of names (study report and `mmdtl2 office`) -------
+
+
+def test_every_table_states_its_spread(tmp_path):
+    out = write_report(_trials(pairs=("a->b", "c->d")), tmp_path, title="demo")
+    cap = "Accuracy (%): mean ± standard deviation over 6 splits (ddof=1)."
+    sections = out["markdown"].split("\n## ")[1:]
+    tables = [s for s in sections if "\n| " in s]
+    assert tables and all(cap in s for s in tables)
+    assert cap in out["summary"]
+
+
+def _configs(method, params, grid):
+    """Every full parameter set a column fits (one, or one per grid point)."""
+    from mmdtl2_dist.core.methods import default_params
+
+    full = [{**default_params(method), **params, **g} for g in grid or [{}]]
+    return method, frozenset(json.dumps(p, sort_keys=True) for p in full)
+
+
+def test_bundled_office_studies_name_their_columns_as_mmdtl2_office_does():
+    from mmdtl2_dist.core.methods import METHODS
+    from mmdtl2_dist.office import COLUMNS
+    from mmdtl2_dist.study.spec import core_params, load_spec
+
+    office = {}
+    for c in COLUMNS:
+        select = c.get("select", {})
+        grid = [dict(zip(select, v, strict=True)) for v in itertools.product(*select.values())]
+        office[_configs(c["method"], core_params(c.get("params", {})), grid)] = c["label"]
+    root = Path(__file__).resolve().parents[1] / "studies"
+    matched = 0
+    for name in ("office_caltech10.toml", "office_caltech10_prior.toml"):
+        for m in load_spec(root / name).methods:
+            if m.method not in METHODS or m.grid:
+                continue
+            grid = [
+                dict(zip(m.select, v, strict=True)) for v in itertools.product(*m.select.values())
+            ]
+            key = _configs(m.method, core_params(m.params), grid if m.select else [])
+            if key in office:
+                assert m.label == office[key], (name, m.label)
+                matched += 1
+    assert matched == 12  # 7 of office_caltech10.toml, 5 of office_caltech10_prior.toml
+
+
+def test_bar_plot_legend_covers_no_bar():
+    from mmdtl2_dist.study.report import by_pair_figure
+
+    labels = [f"method {i}" for i in range(9)]
+    rows = [
+        {"pair": p, "label": lab, "mean": 100.0 - 3 * i, "std": 1.0}
+        for p in ("a->b", "c->d", "all pairs")
+        for i, lab in enumerate(labels)
+    ]
+    fig = by_pair_figure(pd.DataFrame(rows), labels, "tall bars")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    bars = [p.get_window_extent() for p in ax.patches]
+    assert bars and not any(legend.overlaps(b) for b in bars)
+    assert not legend.overlaps(ax.get_window_extent())

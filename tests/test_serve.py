@@ -1,11 +1,16 @@
-"""A real ``mlflow models serve`` of a registered adapter, on loopback, offline.
+"""Real servers of a registered adapter, on loopback, offline.
 
-The test registers an adapter in a temporary SQLite store, starts the documented command
-(``--env-manager local``, the venv's ``bin`` first on ``PATH``) in its own process group,
-waits for ``/ping`` (bounded), and checks: correct classes and exact scores for
-``inputs`` and ``dataframe_split`` requests; a 400 naming the problem for a wrong feature
-dimension and for NaN; that the server still answers afterwards. It stops only the
-process group it started.
+An adapter is registered in a temporary SQLite store and served by the two documented
+commands, each started in its own process group and stopped by it alone, after a bounded
+wait for ``/ping``:
+
+- ``mlflow models serve`` (``--env-manager local``, the venv's ``bin`` first on ``PATH``):
+  correct classes and exact scores for ``inputs`` and ``dataframe_split`` requests, a
+  400 naming the problem for a wrong feature dimension and for NaN, still serving after;
+- ``mmdtl2 serve`` (the served configuration, with small limits): the same answers, and
+  what it refuses: booleans and numeric strings (400 naming row and column), malformed
+  JSON (400 without the body, fast), a body over the byte limit (413 before it is read,
+  and while a chunked body streams), more rows than allowed (413), other content types.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -40,11 +46,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(port: int, body: str, timeout: float = 30.0) -> tuple[int, dict]:
+def _post(
+    port: int, body: str, timeout: float = 30.0, content_type: str = "application/json"
+) -> tuple[int, dict]:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/invocations",
         data=body.encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": content_type},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -68,12 +76,13 @@ def _wait_ping(port: int, proc: subprocess.Popen, log: Path, limit_s: float = 90
     pytest.fail(f"no /ping answer within {limit_s} s:\n{log.read_text()}")
 
 
-@pytest.fixture()
-def served(tmp_path):
-    """A fitted estimator, registered as models:/served@champion and being served."""
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """A fitted estimator, registered as models:/served@champion; the store's URI."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    tmp_path = tmp_path_factory.mktemp("registry")
     rng = np.random.default_rng(3)
     mu = rng.normal(size=(3, DIM))
     ys, yt = np.arange(60) % 3, np.arange(15) % 3
@@ -88,20 +97,21 @@ def served(tmp_path):
             info = log_adapter(est.adapter_, class_names=NAMES, input_example=Xt[:1])
         mv = mlflow.register_model(info.model_uri, "served")
     client.set_registered_model_alias("served", "champion", mv.version)
+    return est, uri
 
-    port = _free_port()
+
+@contextmanager
+def running(cmd: list[str], uri: str, port: int, log: Path):
+    """Run a server command in its own process group until the block ends."""
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    log = tmp_path / "serve.log"
-    cmd = ["mlflow", "models", "serve", "-m", "models:/served@champion",
-           "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
     with open(log, "w") as fh:
         proc = subprocess.Popen(
             cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
         _wait_ping(port, proc, log)
-        yield est, port, rng
+        yield proc
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the group of the process started here
         try:
@@ -109,6 +119,32 @@ def served(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def served(registered, tmp_path):
+    """The adapter under ``mlflow models serve`` (the documented command)."""
+    est, uri = registered
+    port = _free_port()
+    cmd = ["mlflow", "models", "serve", "-m", "models:/served@champion",
+           "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
+    with running(cmd, uri, port, tmp_path / "serve.log"):
+        yield est, port, np.random.default_rng(3)
+
+
+MAX_ROWS = 50
+
+
+@pytest.fixture(scope="module")
+def mmdtl2_served(registered, tmp_path_factory):
+    """The adapter under ``mmdtl2 serve``: 1 MiB and 50 rows per request, two workers."""
+    est, uri = registered
+    port = _free_port()
+    cmd = [sys.executable, "-m", "mmdtl2_dist.cli", "serve", "--model", "models:/served@champion",
+           "--port", str(port), "--workers", "2", "--max-request-mb", "1",
+           "--max-rows", str(MAX_ROWS)]  # fmt: skip
+    with running(cmd, uri, port, tmp_path_factory.mktemp("serve") / "serve.log"):
+        yield est, port
 
 
 def test_served_adapter_answers_and_rejects_bad_input(served):
@@ -151,3 +187,101 @@ def test_served_adapter_answers_and_rejects_bad_input(served):
     status, body = _post(port, json.dumps({"inputs": X[:2].tolist()}))  # still serving
     assert status == 200
     assert [p["label"] for p in body["predictions"]] == want[:2].tolist()
+
+
+def test_mmdtl2_serve_answers_exactly(mmdtl2_served):
+    est, port = mmdtl2_served
+    X = np.random.default_rng(4).normal(size=(7, DIM))
+    status, body = _post(port, json.dumps({"inputs": X.tolist()}))
+    assert status == 200
+    preds = body["predictions"]
+    assert [p["label"] for p in preds] == est.predict(X).tolist()
+    got = np.array([[p[f"score_{n}"] for n in NAMES] for p in preds])
+    np.testing.assert_array_equal(got, est.decision_function(X))
+    split = {"columns": [f"f{i}" for i in range(DIM)], "data": X.tolist()}
+    status, body = _post(port, json.dumps({"dataframe_split": split}))
+    assert status == 200 and [p["label"] for p in body["predictions"]] == est.predict(X).tolist()
+    ints = np.arange(DIM).reshape(1, -1)  # JSON integers are numbers too
+    status, body = _post(port, json.dumps({"inputs": ints.tolist()}))
+    assert status == 200 and body["predictions"][0]["label"] == est.predict(ints)[0]
+
+
+def _row(**at) -> list:
+    row = [0.5] * DIM
+    for col, value in at.items():
+        row[int(col[1:])] = value
+    return row
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"inputs": [_row(), _row(c3=True)]}, "holds bool True at row 1, column 3"),
+        ({"inputs": [_row(c5="1.5")]}, "holds str '1.5' at row 0, column 5"),
+        ({"instances": [_row(c0=False)]}, "holds bool False at row 0, column 0"),
+        ({"dataframe_split": {"columns": [f"f{i}" for i in range(DIM)],
+                              "data": [_row(), _row(), _row(c7="2")]}},
+         "holds str '2' at row 2, column 7"),
+        ({"inputs": [_row()[:5]]}, "has 5 features, but the model (target) is expecting 20"),
+        ({"inputs": [_row(), _row()[:3]]}, "rows of different lengths"),
+        ({"inputs": [_row(c2=None)]}, "NaN or Inf in 1 row(s): 0"),
+        ({"dataframe_records": [{"f0": 1.0}]}, "one of the keys ['inputs', 'instances'"),
+        ({"inputs": []}, "holds no rows"),
+    ],
+)  # fmt: skip
+def test_mmdtl2_serve_refuses_what_is_not_a_row_of_numbers(mmdtl2_served, payload, message):
+    _, port = mmdtl2_served
+    status, body = _post(port, json.dumps(payload))
+    assert status == 400, body
+    assert body["error_code"] == "INVALID_PARAMETER_VALUE"
+    assert message in body["message"]
+    assert len(body["message"]) < 300  # the message, never the data
+
+
+def test_mmdtl2_serve_malformed_and_oversize_requests(mmdtl2_served):
+    est, port = mmdtl2_served
+    rows = [_row()] * (MAX_ROWS // 2)
+    broken = json.dumps({"inputs": rows})[:-3]  # valid up to its end
+    t0 = time.monotonic()
+    status, body = _post(port, broken)
+    assert (
+        status == 400 and "not valid JSON" in body["message"] and "line 1 column" in body["message"]
+    )
+    assert len(json.dumps(body)) < 400 and time.monotonic() - t0 < 10
+
+    status, body = _post(port, json.dumps({"inputs": [_row()] * (MAX_ROWS + 1)}))
+    assert (
+        status == 413
+        and f"{MAX_ROWS + 1} rows, over the server's limit of {MAX_ROWS}" in (body["message"])
+    )
+
+    status, body = _post(port, json.dumps({"inputs": [_row()]}), content_type="text/csv")
+    assert status == 415 and "application/json" in body["message"]
+
+    # A declared body over the limit: refused before the server reads it.
+    head = (
+        "POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {50 * 2**20}\r\n\r\n"
+    )
+    assert _raw_status(port, head.encode() + b'{"inputs": [[') == 413
+    # A chunked body with no declared length: refused once it passes the limit.
+    head = (
+        "POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    )
+    chunk = b"%x\r\n%s\r\n" % (2**18, b" " * 2**18)
+    assert _raw_status(port, head.encode() + chunk * 5) == 413
+
+    status, body = _post(port, json.dumps({"inputs": [_row()]}))  # still serving
+    assert status == 200 and body["predictions"][0]["label"] == est.predict([_row()])[0]
+
+
+def _raw_status(port: int, data: bytes) -> int:
+    """Send raw bytes of an HTTP request; the status code of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed while the body was still coming
+        answer = sock.recv(4096)
+    return int(answer.split(b" ", 2)[1])

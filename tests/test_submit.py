@@ -9,9 +9,9 @@ import argparse
 import warnings
 
 import pytest
+from loopback import free_ports
 
 from mmdtl2_dist.cluster import submit as sub
-from mmdtl2_dist.cluster.loopback import free_ports
 from mmdtl2_dist.commands import submit as command
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
-from mmdtl2_dist.study.tracking import KEY_TAG, StudyTracker, trial_metrics
+from mmdtl2_dist.store.feature_store import FeatureStore, StoreWriter
+from mmdtl2_dist.study.tracking import KEY_TAG, StudyTracker, class_names, trial_metrics
 
 pytestmark = pytest.mark.mlflow
 
@@ -88,14 +90,14 @@ def test_one_run_per_trial_across_restarts(mlflow_sqlite, tmp_path):
     assert json.loads(open(path).read())["key"] == "k1"
 
 
+def _tracker(mlflow_sqlite, tmp_path, **kw):
+    art = (tmp_path / "art").as_uri()
+    uri = mlflow_sqlite["tracking_uri"]
+    return StudyTracker(uri, "e", study_name="s", spec_fingerprint="f", artifact_location=art, **kw)
+
+
 def test_parent_gets_report(mlflow_sqlite, tmp_path):
-    t = StudyTracker(
-        mlflow_sqlite["tracking_uri"],
-        "e",
-        study_name="s",
-        spec_fingerprint="f",
-        artifact_location=(tmp_path / "art").as_uri(),
-    )
+    t = _tracker(mlflow_sqlite, tmp_path)
     f = tmp_path / "report.md"
     f.write_text("# hi")
     t.log_parent(params={"seed": 0}, metrics={"study_wall_s": 3.0}, files=[f], finished=True)
@@ -103,3 +105,27 @@ def test_parent_gets_report(mlflow_sqlite, tmp_path):
     client = MlflowClient(mlflow_sqlite["tracking_uri"])
     assert [a.path for a in client.list_artifacts(t.parent_id, "report")] == ["report/report.md"]
     assert client.get_run(t.parent_id).data.metrics["study_wall_s"] == 3.0
+
+
+def test_per_class_metrics_are_named_after_the_classes(mlflow_sqlite, tmp_path):
+    """Class names from the store's metadata, sanitised for MLflow's metric-name rules;
+    two names that sanitise alike keep their labels apart; a label without a name keeps
+    its number."""
+    with StoreWriter(tmp_path / "st") as w:
+        a = w.create_array("cam", "f", 4, 2, dtype=np.float64)
+        a.append(np.ones((4, 2)))
+        a.set_metadata(label=[1, 2, 3, -1], class_name=["back pack", "bike:helmet", "", ""])
+    names = class_names(FeatureStore.open(tmp_path / "st").metadata)
+    assert names == {"1": "back pack", "2": "bike:helmet"}
+    payload = _payload()
+    for u in payload["units"]:
+        u["per_class"]["3"] = 0.5
+    keys = {k for k, _, _ in trial_metrics(payload, names)}
+    assert {"accuracy_class/back pack", "accuracy_class/bike_helmet", "accuracy_class/3"} <= keys
+    clash = {k for k, _, _ in trial_metrics(payload, {"1": "a:b", "2": "a?b"})}
+    assert {"accuracy_class/a_b_1", "accuracy_class/a_b_2"} <= clash
+    t = _tracker(mlflow_sqlite, tmp_path, class_names=names)
+    rid = t.log_trial(payload, {})  # MLflow accepts the names
+    metrics = MlflowClient(mlflow_sqlite["tracking_uri"]).get_run(rid).data.metrics
+    assert metrics["accuracy_class/back pack"] == pytest.approx(0.85)
+    assert "accuracy_class/1" not in metrics

@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # ray is imported lazily: ``mmdtl2 --help`` must stay fast.
     from ray.job_submission import JobStatus, JobSubmissionClient
 
 #: Paths never uploaded with ``--working-dir`` (gitignore-style patterns, as Ray's
-#: ``excludes``): environments, caches, local tracking stores and feature stores, which
-#: belong on shared storage, not in every job's upload.
+#: ``excludes``): environments, caches, local tracking stores, feature stores and their
+#: Gram folders, which belong on shared storage, not in every job's upload.
 DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".git",
     ".venv",
@@ -52,6 +52,7 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
     "runs",
     "results",
     "*.zarr",
+    "*.grams",
 )
 
 #: Ports that belong to the cluster but are not the Jobs API, with the fix to suggest.

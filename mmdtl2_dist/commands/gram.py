@@ -1,21 +1,26 @@
-"""``mmdtl2 gram``: compute the Gram of a feature space on Ray (resumable).
+"""``mmdtl2 gram``: compute the Gram of a feature space on Ray (resumable, shared).
+
+The Gram goes to the store's Gram folder (``<store>.grams`` beside the store, or
+``--gram-dir``), named by its key (store content, space, preprocessing), where every study
+on that store finds it: compute it once, on the cluster, and studies only slice it.
 
 Examples
 --------
-On a local Ray with all CPUs::
+On a local Ray with all CPUs (the Gram a study with ``preprocessing = "l2_zscore"`` uses)::
 
-    mmdtl2 gram study.zarr --space conv3 --out grams/conv3 --preprocessing l2_zscore
+    mmdtl2 gram study.zarr --space conv3
 
 On a cluster (re-running the same command resumes an interrupted job)::
 
-    mmdtl2 gram study.zarr --space conv3 --out /shared/grams/conv3 --address auto
+    mmdtl2 gram /shared/study.zarr --space conv3 --address auto
 """
 
 from __future__ import annotations
 
 import argparse
 
-from mmdtl2_dist.core.preprocessing import PREPROCESSING
+from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
 from mmdtl2_dist.engine.driver import compute_gram
 from mmdtl2_dist.engine.plan import DEFAULT_TASK_MEMORY_MB
 from mmdtl2_dist.store.feature_store import FeatureStore
@@ -32,46 +37,72 @@ def run(args: argparse.Namespace) -> int:
         args.store,
         space,
         args.out,
+        gram_dir=args.gram_dir,
         preprocessing=args.preprocessing,
         tile_rows=args.tile_rows,
         address=args.address,
         max_task_memory_mb=args.max_task_memory_mb,
-        progress=not args.quiet,
+        progress=progress_choice(args),
         num_cpus=args.num_cpus,
     )
     if not args.quiet:
         run_info = gs.last_run or {}
         repaired = run_info.get("repaired") or []
+        how = "reused the complete Gram: " if gs.reused else ""
         print(
-            f"{gs}\ncomputed {run_info.get('computed', 0)} tiles, skipped "
+            f"{gs}\n{how}computed {run_info.get('computed', 0)} tiles, skipped "
             f"{run_info.get('skipped', 0)}, {run_info.get('seconds', 0.0):.1f} s"
             + (f"; {len(repaired)} damaged part(s) recomputed" if repaired else "")
         )
+        if args.out is None:
+            print(_study_hint(gs, args.gram_dir is not None))
     return 0
+
+
+def _study_hint(gs, own_gram_dir: bool) -> str:
+    """Which studies find this Gram (the spec values that select it)."""
+    where = f' and gram_dir = "{gs.path.parent}" in [data]' if own_gram_dir else ""
+    return (
+        f"key {gs.key}: a study on this store with preprocessing = "
+        f'"{gs.preprocessing}"{where} reuses it'
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "gram",
-        help="compute the Gram matrix of a feature space on Ray (resumable)",
+        help="compute the Gram matrix of a feature space on Ray (resumable, shared by studies)",
         description=(
             "Compute the float64 Gram of one feature space over all samples of every device "
-            "in it (devices in sorted order), out of core, in Ray tasks. Re-running the "
-            "command on a partial output resumes it and skips finished tiles; finished "
-            "tiles are first verified, and damaged ones are named and recomputed."
+            "in it (devices in sorted order), out of core, in Ray tasks. The Gram is kept in "
+            "the store's Gram folder (<store>.grams beside the store, or --gram-dir) under "
+            "its key <space>__<preprocessing>__<store fingerprint>, where every study on the "
+            "same store content finds and reuses it. Re-running the command resumes a "
+            "partial Gram and skips finished tiles; finished tiles are first verified, and "
+            "damaged ones are named and recomputed."
         ),
-        epilog="examples:\n  mmdtl2 gram study.zarr --space conv3 --out grams/conv3\n"
-        "  mmdtl2 gram study.zarr --space conv3 --out grams/conv3 --address auto",
+        epilog="examples:\n  mmdtl2 gram study.zarr --space conv3\n"
+        "  mmdtl2 gram /shared/study.zarr --space conv3 --address auto\n"
+        "  mmdtl2 gram study.zarr --space conv3 --gram-dir /shared/grams",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("store", help="feature store")
     p.add_argument("--space", help="feature space (optional when the store has one)")
-    p.add_argument("--out", required=True, help="Gram store to create or resume")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--gram-dir",
+        help="Gram folder, one Gram per key (default: <store>.grams beside the store); a "
+        "study finds the Gram there with [data] gram_dir",
+    )
+    where.add_argument(
+        "--out", help="an exact Gram folder to create or resume instead (studies do not look there)"
+    )
     p.add_argument(
         "--preprocessing",
         choices=PREPROCESSING,
-        default="none",
-        help="per-device preprocessing (statistics over all its samples)",
+        default=DEFAULT_PREPROCESSING,
+        help="per-device preprocessing, statistics over all its samples (default "
+        f"{DEFAULT_PREPROCESSING}, a study's default); a study uses the Gram of its own",
     )
     p.add_argument("--tile-rows", type=int, help="rows per tile (default: up to 2048)")
     p.add_argument("--address", help="Ray cluster address (default: a local Ray)")
@@ -82,5 +113,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_TASK_MEMORY_MB,
         help=f"memory bound of one task ({DEFAULT_TASK_MEMORY_MB})",
     )
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    add_progress_option(p)
     p.set_defaults(func=run)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.store.ingest import FORMATS, IngestInput, ingest
 
 
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                 metadata_path=side.get(device),
                 transpose=args.transpose,
                 header=args.header,
+                index=args.index,
             )
         )
     unknown = set(side) - {i.device for i in inputs}
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         compression=args.compression,
         chunk_rows=args.chunk_rows,
         dtype=args.dtype,
-        progress=not args.quiet,
+        progress=progress_choice(args),
     )
     if not args.quiet:
         print(f"{fs}\nfingerprint {fs.fingerprint}")
@@ -114,6 +116,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default: a first row of numbers is a sample",
     )
     p.add_argument(
+        "--index",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CSV: the first column is a row index, dropped (--index, what pandas' to_csv "
+        "writes by default) or a feature (--no-index); default: refuse a first column "
+        "that looks like pandas' index",
+    )
+    p.add_argument(
         "--dtype",
         choices=["float32", "float64"],
         help="force the stored dtype (default keeps float32/float64)",
@@ -131,4 +141,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replace an existing feature store (nothing else is ever replaced)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    add_progress_option(p)
     p.set_defaults(func=run)

@@ -12,6 +12,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from mmdtl2_dist.commands import add_progress_option, progress_choice
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -48,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`resume` work on it); default: the study runs in a temporary folder",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_progress_option(p)
     p.set_defaults(func=run)
 
 
@@ -86,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
         spec = office_spec(columns, shifts, args.trials, output=folder)
         try:
             rep = run_office(
-                spec, workers=args.workers, track=args.out is not None, progress=not args.quiet
+                spec,
+                workers=args.workers,
+                track=args.out is not None,
+                progress=progress_choice(args),
             )
         except StudyInterrupted as exc:
             _say_stopped(exc, kept=args.out is not None)

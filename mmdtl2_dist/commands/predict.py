@@ -14,7 +14,6 @@ All samples of device ``elite`` in a feature store, CSV on stdout::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -23,31 +22,29 @@ def run(args: argparse.Namespace) -> int:
     import mlflow
     import pandas as pd
 
+    from mmdtl2_dist.core.adapter import check_width_and_values
     from mmdtl2_dist.deploy.io import check_output, iter_batches, write_predictions
-    from mmdtl2_dist.deploy.registry import use_tracking_uri
+    from mmdtl2_dist.deploy.registry import load_registered_model
 
     check_output(args.output, args.overwrite)  # before the model is loaded and run
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     t0 = time.perf_counter()
-    try:
-        with use_tracking_uri(uri):
-            model = mlflow.pyfunc.load_model(args.model)
-    except mlflow.exceptions.MlflowException as exc:
-        raise ValueError(
-            f"cannot load model {args.model!r} from {mlflow.get_tracking_uri()}: "
-            f"{exc.message}. Check the name and alias, or pass --tracking-uri."
-        ) from exc
+    model = load_registered_model(args.model, args.tracking_uri)
     load_s = time.perf_counter() - t0
     config = model.model_config or {}
     device = args.device or config.get("target_device")
     space = args.space or config.get("feature_space")
+    n_features = config.get("n_features")
     frames, n = [], 0
     t1 = time.perf_counter()
     for batch in iter_batches(args.input, args.batch_size, device=device, space=space):
+        rows = f"rows {n}..{n + len(batch.X) - 1}"
         try:
+            check_width_and_values(batch.X, n_features, str(args.input), f"model {args.model}")
             pred = model.predict(batch.X)
+        except ValueError as exc:
+            raise ValueError(f"{rows}: {exc}") from exc
         except mlflow.exceptions.MlflowException as exc:
-            raise ValueError(f"rows {n}..{n + len(batch.X) - 1}: {exc.message}") from exc
+            raise ValueError(f"{rows}: {exc.message}") from exc
         frames.append(pd.concat([batch.ids, pred.reset_index(drop=True)], axis=1))
         n += len(batch.X)
     if not frames:

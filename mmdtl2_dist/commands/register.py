@@ -5,21 +5,24 @@ Examples
 The best MMDTL2 configuration of a study by its mean accuracy on the pair, as version
 N+1 of ``polyp-adapter`` with the alias ``champion``::
 
-    mmdtl2 register mmdtl2-studies/nbi_conv3 --name polyp-adapter --pair lucera->elite
+    mmdtl2 register mmdtl2-studies/nbi_conv3 --name polyp-adapter --pair 'lucera->elite'
 
 Explicit parameters instead of the best trial::
 
     mmdtl2 register mmdtl2-studies/nbi_conv3 --name polyp-adapter --method mmdtl2 \
         --param kernel=rbf --param c_d=1.0 --alias challenger
 
-Then ``mmdtl2 predict --model models:/polyp-adapter@champion features.npy``.
+Then ``mmdtl2 predict --model models:/polyp-adapter@champion features.npy``, or
+``mmdtl2 serve --model models:/polyp-adapter@champion``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.progress import Progress
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -42,18 +45,26 @@ def parse_select(text: str) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mmdtl2_dist.deploy.registry import mlflow_errors_explained
+    from mmdtl2_dist.deploy.training import open_study
+
+    handle = open_study(args.study, tracking_uri=args.tracking_uri)
+    needs = f"write access to experiment {handle.experiment!r} and to model {args.name!r}"
+    with mlflow_errors_explained(handle.tracking_uri, f"register {args.name!r}", needs):
+        return _register(args, handle)
+
+
+def _register(args: argparse.Namespace, handle) -> int:
     from mmdtl2_dist.deploy.registry import register_adapter
     from mmdtl2_dist.deploy.training import (
         best_trial,
         choose_pair,
         explicit_config,
         fit_adapter,
-        open_study,
         pair_metric,
         study_pairs,
     )
 
-    handle = open_study(args.study, tracking_uri=args.tracking_uri)
     source, target = choose_pair(handle, args.pair)
     pm = pair_metric(source, target)
     if args.method is not None:
@@ -69,21 +80,25 @@ def run(args: argparse.Namespace) -> int:
         if metric is None:
             metric = pm if len(study_pairs(handle)) > 1 else "accuracy"
         cfg = best_trial(handle, metric, label=args.label, pair_metric_name=pm)
-    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    say(
+    bar = Progress("register", enabled=progress_choice(args))
+    bar.say(
         f"register: {cfg.selected_by}: {cfg.method} {json.dumps(cfg.params, default=str)}"
         + (f" ({cfg.label}, {cfg.metric} = {cfg.metric_value:.4f})" if cfg.metric else "")
     )
-    say(f"register: fitting on all labelled samples of {source} -> {target} ...")
-    fitted = fit_adapter(handle, (source, target), cfg)
-    mv = register_adapter(
-        handle,
-        cfg,
-        fitted,
-        name=args.name,
-        alias=None if args.no_alias else args.alias,
-        export_w=args.export_w,
-    )
+    fitting = f"fitting on all labelled samples of {source} -> {target}"
+    bar.say(f"register: {fitting} ...")
+    with bar.ticking(fitting):
+        fitted = fit_adapter(handle, (source, target), cfg)
+    bar.say(bar.line(f"fitted on {fitted.n_source} + {fitted.n_target} samples"))
+    with bar.ticking("logging and registering the model"):
+        mv = register_adapter(
+            handle,
+            cfg,
+            fitted,
+            name=args.name,
+            alias=None if args.no_alias else args.alias,
+            export_w=args.export_w,
+        )
     if args.no_alias:
         uri, note = f"models:/{args.name}/{mv.version}", ""
     else:
@@ -91,10 +106,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"registered {args.name!r} version {mv.version}{note}")
     print(f"model:    {uri}")
     print(f"tracking: {handle.tracking_uri}")
-    print(
-        f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mlflow models serve -m {uri} "
-        "--env-manager local -h 127.0.0.1 -p 5001"
-    )
+    print(f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mmdtl2 serve --model {uri}")
     return 0
 
 
@@ -113,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=(
             "examples:\n"
             "  mmdtl2 register mmdtl2-studies/office_caltech10 --name office-adapter "
-            "--pair amazon->webcam\n"
+            "--pair 'amazon->webcam'\n"
             "  mmdtl2 register STUDY --name NAME --method mmdtl2 --param kernel=rbf "
             "--param c_d=1 --alias challenger"
         ),
@@ -171,4 +183,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress_option(p)
     p.set_defaults(func=run)

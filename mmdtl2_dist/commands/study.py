@@ -25,6 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.study.executors import EXECUTORS
 
 
@@ -64,6 +65,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress_option(p)
 
 
 def _print_result(rep: dict) -> None:
@@ -135,7 +137,7 @@ def _run(args) -> int:
             address=args.address,
             num_cpus=args.num_cpus,
             tracking_uri=args.tracking_uri,
-            progress=not args.quiet,
+            progress=progress_choice(args),
         ),
     )
 
@@ -151,7 +153,7 @@ def _resume(args) -> int:
             address=args.address,
             num_cpus=args.num_cpus,
             tracking_uri=args.tracking_uri,
-            progress=not args.quiet,
+            progress=progress_choice(args),
         ),
     )
 

@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from mmdtl2_dist.store.synthetic import (
-    CONV3_DIM,
-    PAPER_SOURCE,
-    PAPER_TARGET,
-    SyntheticSpec,
-    make_synthetic_store,
-)
+from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.store.synthetic import SyntheticSpec, make_synthetic_store
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         spec,
         overwrite=args.overwrite,
         chunk_rows=args.chunk_rows,
-        progress=not args.quiet,
+        progress=progress_choice(args),
     )
     if not args.quiet:
         print(f"{fs}\nfingerprint {fs.fingerprint}")
@@ -66,21 +61,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("store", help="directory of the feature store to create")
-    p.add_argument("--n-source", type=int, default=PAPER_SOURCE, help="source samples (734)")
-    p.add_argument("--n-target", type=int, default=PAPER_TARGET, help="target samples (279)")
-    p.add_argument("--classes", type=int, default=3, help="number of classes (3)")
-    p.add_argument("--dim", type=int, default=CONV3_DIM, help="shared space dimension (64896)")
+    d = SyntheticSpec()  # the Python API's defaults are the command's
+    p.add_argument(
+        "--n-source", type=int, default=d.n_source, help=f"source samples ({d.n_source})"
+    )
+    p.add_argument(
+        "--n-target", type=int, default=d.n_target, help=f"target samples ({d.n_target})"
+    )
+    p.add_argument("--classes", type=int, default=d.n_classes, help=f"classes ({d.n_classes})")
+    p.add_argument("--dim", type=int, default=d.dim, help=f"shared space dimension ({d.dim})")
     p.add_argument("--target-dim", type=int, help="give the target its own space of this size")
-    p.add_argument("--shift", type=float, default=1.0, help="device shift, 0 = none (1.0)")
-    p.add_argument("--class-sep", type=float, default=1.5, help="class separation (1.5)")
-    p.add_argument("--groups", type=int, default=40, help="groups (patients) per device (40)")
-    p.add_argument("--noise", type=float, default=0.5, help="feature noise (0.5)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--source-device", default="source")
-    p.add_argument("--target-device", default="target")
-    p.add_argument("--space", default="conv3", help="name of the shared space (conv3)")
-    p.add_argument("--target-space", default="conv5", help="name of the target's own space")
+    p.add_argument(
+        "--shift", type=float, default=d.shift, help=f"device shift, 0 = none ({d.shift})"
+    )
+    p.add_argument(
+        "--class-sep",
+        type=float,
+        default=d.class_sep,
+        help=f"class separation ({d.class_sep}: the source device decides the result; "
+        "from about 0.8 every method scores 97-100 %%)",
+    )
+    p.add_argument(
+        "--groups",
+        type=int,
+        default=d.n_groups,
+        help=f"groups (patients) per device ({d.n_groups})",
+    )
+    p.add_argument("--noise", type=float, default=d.noise, help=f"feature noise ({d.noise})")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--source-device", default=d.source_device)
+    p.add_argument("--target-device", default=d.target_device)
+    p.add_argument("--space", default=d.space, help=f"name of the shared space ({d.space})")
+    p.add_argument(
+        "--target-space",
+        default=d.target_space,
+        help=f"name of the target's own space ({d.target_space})",
+    )
     p.add_argument("--chunk-rows", type=int, help="rows per chunk")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    add_progress_option(p)
     p.set_defaults(func=run)

@@ -8,12 +8,16 @@ where:
 
 - ``k(x̂)`` (M,) are the kernel values between ``x`` and the M labelled target training
   samples (after the target device's frozen preprocessing),
-- ``P`` (K, M) are the prediction coefficients ``βᵀ Kz Γ C`` (DESIGN.md §4),
+- ``P`` (K, M) are the prediction coefficients ``βᵀ Kz Γ C``
+  (:mod:`mmdtl2_dist.core.mmdtl2`, "Everything on Gram matrices"),
 - ``V`` (Lt + 1, K) is the prior term ``W0ᵀ Θ`` (zero for the paper's zero prior),
 - ``b`` (K,) are the biases.
 
 Everything is plain arrays and JSON-able parameters, so an adapter can be stored without
-pickling arbitrary objects (see :meth:`AdapterState.to_arrays`).
+pickling arbitrary objects (see :meth:`AdapterState.to_arrays`). Scoring needs numpy
+alone: this module travels with every deployed model, whose requirements are ``mlflow``,
+``numpy`` and ``pandas``, so its input checks (:func:`check_scoring_input`) are numpy code
+and only the estimators' :func:`check_features` uses scikit-learn.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.preprocessing import PreprocessStats
+from mmdtl2_dist.core.threads import one_thread
 
 
 def check_features(
@@ -33,13 +38,20 @@ def check_features(
     """Validate a 2-D finite feature matrix; name the offending rows and the fix.
 
     Conversion, dtype, sparse and shape checks are scikit-learn's ``check_array`` (so the
-    messages are the ones sklearn users know); NaN/Inf rows are listed here.
+    messages are the ones sklearn users know); the feature count and NaN/Inf rows are
+    checked by :func:`check_width_and_values`. The estimators use it; a deployed adapter
+    scores with :func:`check_scoring_input`, which needs numpy alone.
     """
     from sklearn.utils import check_array
 
     X = check_array(
         X, accept_sparse=False, dtype=np.float64, ensure_all_finite=False, input_name=name
     )
+    return check_width_and_values(X, n_features, name, owner)
+
+
+def check_width_and_values(X: np.ndarray, n_features: int | None, name: str, owner: str):
+    """The feature count of a 2-D float array, and its NaN/Inf rows (listed)."""
     if n_features is not None and X.shape[1] != n_features:
         raise ValueError(
             f"{name} has {X.shape[1]} features, but {owner} is expecting {n_features} features "
@@ -54,6 +66,95 @@ def check_features(
             "remove or impute those samples first."
         )
     return X
+
+
+def _is_number(v) -> bool:
+    """A JSON-like number: int or float (numpy's too), or None (a missing value, read as NaN).
+
+    ``bool`` is excluded on purpose although Python counts it as an int.
+    """
+    return v is None or type(v) in (int, float) or isinstance(v, np.integer | np.floating)
+
+
+_IS_NUMBER = np.frompyfunc(_is_number, 1, 1)
+#: The types of the values of a parsed JSON array of numbers: checked in one pass.
+_PLAIN_NUMBER_TYPES = frozenset({int, float, type(None)})
+
+
+def _where(index: tuple[int, ...]) -> str:
+    if not index:
+        return "its only value"
+    return f"row {index[0]}" + (f", column {index[1]}" if len(index) > 1 else "")
+
+
+def _refuse_non_numbers(X: np.ndarray, name: str) -> None:
+    """Raise naming the first value of an object array that is not a number, if any."""
+    ok = np.asarray(_IS_NUMBER(X), dtype=bool)
+    if ok.all():
+        return  # numpy's own int and float scalars
+    first = tuple(int(i) for i in np.argwhere(~ok)[0])
+    value = X[first]
+    if isinstance(value, list | tuple):
+        raise ValueError(
+            f"{name} has rows of different lengths (at {_where(first)}); send one list of "
+            "numbers per sample, all of the same length."
+        )
+    raise ValueError(
+        f"{name} holds {type(value).__name__} {value!r} at {_where(first)} "
+        f"({np.count_nonzero(~ok)} non-numeric value(s) in all); send numbers only "
+        "(no strings or booleans)."
+    )
+
+
+def as_numeric_array(X, name: str = "X") -> np.ndarray:
+    """``X`` as a float64 array, refusing whatever is not a number (numpy only).
+
+    Nested lists are read element by element (``np.asarray`` would turn a ``True`` or a
+    ``"1.5"`` among floats into a float without a word); numeric arrays pass as they are.
+    Booleans, strings, complex numbers, nested rows of unequal length and sparse matrices
+    are refused with the position of the first offending value. ``None`` is a missing
+    value and becomes NaN, which :func:`check_width_and_values` then reports by row.
+    """
+    if hasattr(X, "tocsr"):  # a scipy.sparse matrix, recognised without importing scipy
+        raise ValueError(f"{name} is a sparse matrix; pass a dense array (X.toarray()).")
+    if not isinstance(X, np.ndarray):
+        X = np.asarray(X) if hasattr(X, "__array__") else np.array(X, dtype=object)
+    kind = X.dtype.kind
+    if kind in "fiu":
+        return X.astype(np.float64, copy=False)
+    if kind == "O":
+        if not set(map(type, X.flat)) <= _PLAIN_NUMBER_TYPES:
+            _refuse_non_numbers(X, name)
+        return X.astype(np.float64)
+    what = {"b": "booleans", "U": "strings", "S": "bytes", "c": "complex numbers"}
+    raise ValueError(
+        f"{name} holds {what.get(kind, f'{X.dtype} values')}"
+        + (
+            f", e.g. {X.flat[0].item()!r} at {_where(np.unravel_index(0, X.shape))}"
+            if X.size
+            else ""
+        )
+        + "; send numbers only (no strings or booleans)."
+    )
+
+
+def check_scoring_input(
+    X, n_features: int | None, name: str = "X", owner: str = "the adapter"
+) -> np.ndarray:
+    """A 2-D float64 matrix of finite numbers with ``n_features`` columns (numpy only).
+
+    What a deployed adapter checks before it scores (:meth:`AdapterState.decision_function`):
+    the model ships numpy-only code, so no scikit-learn here.
+    """
+    X = as_numeric_array(X, name)
+    if X.ndim != 2:
+        raise ValueError(
+            f"{name} must be 2-D (n_samples, n_features), got shape {X.shape}; "
+            "a single sample is one row: X.reshape(1, -1)."
+        )
+    if X.shape[0] == 0:
+        raise ValueError(f"{name} has no samples (shape {X.shape}); pass at least one row.")
+    return check_width_and_values(X, n_features, name, owner)
 
 
 @dataclass
@@ -93,9 +194,15 @@ class AdapterState:
     def n_features(self) -> int:
         return int(self.X_train.shape[1])
 
+    @one_thread
     def decision_function(self, X) -> np.ndarray:
-        """Scores (n, K) of raw (not yet preprocessed) target samples."""
-        X = check_features(X, self.n_features, owner="the adapter")
+        """Scores (n, K) of raw (not yet preprocessed) target samples.
+
+        The input is checked by :func:`check_scoring_input` and made C-ordered: the kernel
+        block ``X_train @ Xp.T`` of a column-major copy (what ``DataFrame.to_numpy`` gives)
+        can differ from the estimator's in the last bit.
+        """
+        X = np.ascontiguousarray(check_scoring_input(X, self.n_features))
         Xp = self.preprocessing.transform(X)
         G = self.X_train @ Xp.T
         sq_tr = np.einsum("ij,ij->i", self.X_train, self.X_train)

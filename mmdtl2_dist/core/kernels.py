@@ -1,6 +1,7 @@
 """Kernels computed from a linear Gram matrix.
 
-Everything MMDTL2 needs from the target features is inner products (DESIGN.md §4), so
+Everything MMDTL2 needs from the target features is inner products
+(:mod:`mmdtl2_dist.core.mmdtl2`, "Everything on Gram matrices"), so
 every kernel here is evaluated from a block of the *linear* Gram ``X_a @ X_b.T`` and the
 squared norms of the rows involved; the features are never touched again.
 

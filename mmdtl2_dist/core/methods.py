@@ -11,11 +11,11 @@ Methods (parameter defaults in :data:`DEFAULTS`):
 - ``target_svm``: the same on the labelled target samples only.
 - ``mmdt``: MMDT in the paper's form (Problem 2): MMDTL2 with ``c_f = 1``, ``c_d = 0`` and
   Hoffman et al.'s weights ``c_s = 0.05``, ``c_t = 1``.
-- ``mmdt_hoffman``: MMDT as in Hoffman et al.'s reference code (DESIGN.md §5), see
+- ``mmdt_hoffman``: MMDT as in Hoffman et al.'s reference MATLAB code, see
   :mod:`mmdtl2_dist.core.mmdt_hoffman`.
 - ``mmdtl2``: MMDTL2 (linear, RBF or polynomial target kernel; prior ``zero`` (the paper),
   ``identity`` or a user-supplied ``matrix`` (its Gram blocks in the problem), each with a
-  mixing weight ``prior_weight``; issue 8).
+  mixing weight ``prior_weight``, :mod:`mmdtl2_dist.core.priors`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdtl2_dist.core.kernels import KernelSpec
-from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram, one_vs_rest, svm_step
+from mmdtl2_dist.core.mmdtl2 import (
+    MMDTL2Params,
+    check_weights,
+    fit_mmdtl2_gram,
+    hinge_weights_named,
+    one_vs_rest,
+    svm_step,
+)
+from mmdtl2_dist.core.preprocessing import check_scale
+from mmdtl2_dist.core.threads import one_thread
 
 METHODS = ("source_svm", "target_svm", "mmdt", "mmdt_hoffman", "mmdtl2")
 
@@ -152,7 +161,11 @@ class GramProblem:
         return self.Kst is not None and self.Ksq is not None
 
     def validate(self) -> None:
-        """Check shapes and finiteness; raise ValueError naming the fix."""
+        """Check shapes, finiteness and scale; raise ValueError naming the fix.
+
+        The diagonals of ``Kss`` and ``Ktt`` are the squared norms of the two devices'
+        features, checked by :func:`~mmdtl2_dist.core.preprocessing.check_scale`.
+        """
         N, M, Q = len(self.ys), len(self.yt), self.Ktq.shape[1] if self.Ktq.ndim == 2 else -1
         expect = {"Kss": (N, N), "Ktt": (M, M), "Ktq": (M, Q)}
         if self.Kst is not None:
@@ -171,6 +184,10 @@ class GramProblem:
             arr = getattr(self, name)
             if arr.shape != shape:
                 raise ValueError(f"GramProblem.{name} has shape {arr.shape}, expected {shape}.")
+        check_scale(np.diag(self.Kss), "GramProblem.Kss (source features)")
+        check_scale(np.diag(self.Ktt), "GramProblem.Ktt (target features)")
+        for name in expect:
+            arr = getattr(self, name)
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"GramProblem.{name} contains NaN or Inf; recompute the Gram.")
         if self.sq_q.shape != (Q,):
@@ -257,6 +274,7 @@ def prior_blocks(p: Mapping, prob: GramProblem):
     return Kz, Kz_new
 
 
+@one_thread
 def fit_predict(method: str, params: Mapping | None, prob: GramProblem) -> MethodResult:
     """Fit ``method`` on the training blocks of ``prob`` and score its test samples.
 
@@ -278,7 +296,14 @@ def fit_predict(method: str, params: Mapping | None, prob: GramProblem) -> Metho
     """
     _check_method(method)
     p = _merge(method, params)
+    check_weights(p)
     prob.validate()
+    with hinge_weights_named(p):
+        return _fit_predict(method, p, prob)
+
+
+def _fit_predict(method: str, p: dict, prob: GramProblem) -> MethodResult:
+    """:func:`fit_predict` on checked parameters and blocks."""
     t0 = time.perf_counter()
     if method in NEEDS_SHARED_SPACE and not prob.shared_space:
         raise ValueError(

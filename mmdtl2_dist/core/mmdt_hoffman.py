@@ -1,7 +1,7 @@
 r"""MMDT in the form of Hoffman et al.'s reference code, entirely on Gram matrices.
 
-This is the ``mmdt_hoffman`` baseline of DESIGN.md §5: what the MATLAB code
-``jhoffman/MaxMarginDomainTransforms`` (``TrainMmdt.m``, ``learnAsymmTransformWithSVM.m``
+This is the ``mmdt_hoffman`` baseline of :mod:`mmdtl2_dist.core.methods`: what the MATLAB
+code ``jhoffman/MaxMarginDomainTransforms`` (``TrainMmdt.m``, ``learnAsymmTransformWithSVM.m``
 and Saenko's ``asymmetricFrob_slack_kernel.m``) computes, which departs from the paper's
 Problem 2. Notation: ``N`` source training samples, ``M`` labelled target samples, ``Q``
 test samples, ``K`` classes; ``x̂ = [x; 1]`` is a sample with a constant 1 appended (the

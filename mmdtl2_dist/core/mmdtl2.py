@@ -1,6 +1,7 @@
 """MMDTL2 on Gram matrices: the W-step dual, the SVM-step, the alternation, prediction.
 
-Notation follows Tamaki et al. (the paper, ``seed/mmdtl2_paper.tex``) and DESIGN.md §2-4.
+Notation, equation, lemma and corollary numbers follow Tamaki et al. (the paper: *Domain
+Adaptation with L2 constraints for classifying images from different endoscope systems*).
 
 The problem (paper eq. (9)-(10), generalised with a prior transform ``W0``)
 -----------------------------------------------------------------------------
@@ -13,7 +14,7 @@ Alternate between
   (one-vs-rest, the bias regularised with the weights),
 
 where ``s_nm = c_d [y_n = y_m]``. ``W0 = 0`` is the paper. With ``W = W0 + Δ`` the W-step is
-the paper's problem in ``Δ`` with two changes (issue 8): every constraint gets the offset
+the paper's problem in ``Δ`` with two changes: every constraint gets the offset
 ``θ_kᵀ W0 x̂_m`` (added to ``b_k``), and the L2 pull targets the residuals
 ``x_n − W0 x̂_m``. The paper's derivation (appendix, Lemmas 3-7 and Corollary 1) then goes
 through unchanged with ``q = vec(Σ s_nm (x_n − W0 x̂_m) x̂_mᵀ) = vec((Xs S − W0 X̂t S_M) X̂tᵀ)``
@@ -49,15 +50,90 @@ digits for ``c_f ≤ 1e-7``; this one stays exact for ``c_f`` down to 1e-12, tes
 
 from __future__ import annotations
 
+import numbers
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from mmdtl2_dist.core.dcd import svm_hessian
+from mmdtl2_dist.core.errors import QPSolveError
+from mmdtl2_dist.core.preprocessing import SCALE_FIX, check_scale
 from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_box_qp, solve_scaled_box_qp
+from mmdtl2_dist.core.threads import one_thread
 
 EIG_RTOL = 1e-13  # eigenvalues of Kt below this fraction of the largest are numerical zeros
+
+#: Largest hinge weight (``c_s``, ``c_t``) accepted. The weights bound the dual box QPs of
+#: both steps, and the larger they are, the worse those QPs are conditioned: on
+#: overlapping classes the solvers fail from about 1e7 for ``c_s`` (and, for the W-step of
+#: low-dimensional targets, from 1e3 for ``c_t``; such failures name the weights, see
+#: :func:`hinge_weights_named`). The paper uses 0.1, Hoffman et al. 0.05 and 1, the
+#: bundled studies 0.05 to 1, libsvm's usual grid reaches 2^15.
+HINGE_WEIGHT_MAX = 1e6
+_HINGE_RULE = (
+    f"a positive number of at most {HINGE_WEIGHT_MAX:g}",
+    lambda v: 0 < v <= HINGE_WEIGHT_MAX,
+)
+#: Accepted values of every weight: (what they must be, test of a finite number).
+_WEIGHT_RANGES = {
+    "c_f": ("a positive finite number", lambda v: v > 0),
+    "c_d": ("a non-negative finite number", lambda v: v >= 0),
+    "c_t": _HINGE_RULE,
+    "c_s": _HINGE_RULE,
+}
+_WEIGHT_ADVICE = (
+    "the paper uses 0.1 for each, Hoffman et al.'s MMDT c_s = 0.05 and c_t = 1; the bundled "
+    "studies keep c_s and c_t within 0.05 to 1"
+)
+
+
+def check_weights(params: Mapping) -> None:
+    """Check the weights ``c_f``, ``c_d``, ``c_t``, ``c_s`` found in ``params``.
+
+    Raises ValueError naming the parameter, its value and the accepted range
+    (:data:`HINGE_WEIGHT_MAX` for the hinge weights, positive finite ``c_f``, finite
+    ``c_d ≥ 0``). Absent keys are not checked.
+    """
+    for name, (expect, accepts) in _WEIGHT_RANGES.items():
+        if name not in params:
+            continue
+        v = params[name]
+        is_num = isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
+        if is_num and accepts(v):
+            continue
+        why = ""
+        if is_num and v > HINGE_WEIGHT_MAX:
+            why = (
+                "; larger hinge weights make the dual QPs too ill-conditioned to solve "
+                f"({_WEIGHT_ADVICE})"
+            )
+        got = f"{float(v):g}" if is_num else repr(v)
+        raise ValueError(f"{name} must be {expect}, got {got}{why}.")
+
+
+@contextmanager
+def hinge_weights_named(params: Mapping):
+    """Re-raise a :class:`QPSolveError` of the block with the hinge weights of ``params``.
+
+    A QP that fails for weights inside the accepted range is most often one whose hinge
+    weights are large for its data; the message says so and gives the weights' values.
+    """
+    try:
+        yield
+    except QPSolveError as e:
+        named = {k: params[k] for k in ("c_s", "c_t") if k in params}
+        if not named or getattr(e, "hinge_weights", None) is not None:
+            raise
+        values = ", ".join(f"{k} = {float(v):g}" for k, v in named.items())
+        err = QPSolveError(
+            f"{e} The hinge weights {values} bound these QPs, and the larger they are the "
+            f"worse the QPs are conditioned: lower them ({_WEIGHT_ADVICE})."
+        )
+        err.hinge_weights = named
+        raise err from e
 
 
 @dataclass(frozen=True)
@@ -94,12 +170,7 @@ class MMDTL2Params:
     qp_tol: float = 1e-8
 
     def __post_init__(self) -> None:
-        for name in ("c_f", "c_t", "c_s"):
-            v = getattr(self, name)
-            if not (np.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive finite number, got {v!r}.")
-        if not (np.isfinite(self.c_d) and self.c_d >= 0):
-            raise ValueError(f"c_d must be a non-negative finite number, got {self.c_d!r}.")
+        check_weights(asdict(self))
         if int(self.max_iter) != self.max_iter or self.max_iter < 1:
             raise ValueError(f"max_iter must be a positive integer, got {self.max_iter!r}.")
 
@@ -402,6 +473,7 @@ class MMDTL2Fit:
         return scores
 
 
+@one_thread
 def fit_mmdtl2_gram(
     Kz: np.ndarray,
     Kt: np.ndarray,
@@ -413,7 +485,7 @@ def fit_mmdtl2_gram(
     init: str = "source",
     progress=None,
 ) -> MMDTL2Fit:
-    """Fit MMDTL2 by alternation, on Gram matrices only (DESIGN.md §4).
+    """Fit MMDTL2 by alternation, on Gram matrices only (see the module docstring).
 
     Parameters
     ----------
@@ -433,7 +505,27 @@ def fit_mmdtl2_gram(
         the prior-mapped targets ``u_m`` (Hoffman et al.'s code, with ``W0 = I``).
     progress : callable, optional
         Called as ``progress(iteration, objective)`` after every alternation.
+
+    Raises
+    ------
+    ValueError
+        If the source Gram's diagonal is out of :func:`~mmdtl2_dist.core.preprocessing.
+        check_scale`'s range or ``Kt`` is not finite (features of extreme magnitude).
+    QPSolveError
+        If a QP fails; the message names the hinge weights (:func:`hinge_weights_named`).
     """
+    check_scale(np.diag(Kz)[: ys.shape[0]], "Kz (the source samples' Gram)")
+    if not np.all(np.isfinite(Kt)):
+        raise ValueError(
+            "Kt (the target kernel) has NaN or Inf entries: the target features' squared "
+            f"norms overflow float64 (or the kernel's parameters do). {SCALE_FIX}"
+        )
+    with hinge_weights_named(asdict(params)):
+        return _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress)
+
+
+def _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress) -> MMDTL2Fit:
+    """The alternation of :func:`fit_mmdtl2_gram` on checked Grams."""
     t_start = time.perf_counter()
     N, M, K = ys.shape[0], yt.shape[0], n_classes
     Ys, Yt = one_vs_rest(ys, K), one_vs_rest(yt, K)

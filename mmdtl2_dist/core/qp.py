@@ -243,24 +243,32 @@ def _clarabel(H, f, lb, ub):
 
 
 def _osqp(H, f, lb, ub, x0, tol, max_iter):
+    """OSQP from ``x0``; ``(x, iterations, status)``, ``x`` None when OSQP gave none.
+
+    A failed set-up (OSQP's factorisation of a numerically indefinite Hessian) is such a
+    case: the callers go on with their other solvers or name the failure.
+    """
     import osqp  # local: keeps import of the core cheap
     import scipy.sparse as sp
 
     n = f.shape[0]
     model = osqp.OSQP()
-    model.setup(
-        sp.triu(sp.csc_matrix(H), format="csc"),
-        -f,
-        sp.identity(n, format="csc"),
-        lb,
-        ub,
-        verbose=False,
-        eps_abs=min(1e-6, tol),
-        eps_rel=min(1e-6, tol),
-        max_iter=max_iter,
-        polishing=True,
-        polish_refine_iter=10,
-    )
+    try:
+        model.setup(
+            sp.triu(sp.csc_matrix(H), format="csc"),
+            -f,
+            sp.identity(n, format="csc"),
+            lb,
+            ub,
+            verbose=False,
+            eps_abs=min(1e-6, tol),
+            eps_rel=min(1e-6, tol),
+            max_iter=max_iter,
+            polishing=True,
+            polish_refine_iter=10,
+        )
+    except osqp.OSQPException as e:
+        return None, 0, f"set-up failed ({e})"
     if x0 is not None:
         model.warm_start(x=np.clip(np.asarray(x0, dtype=np.float64), lb, ub))
     res = model.solve(raise_error=False)

@@ -1,58 +1,62 @@
 """Hyperparameter selection without peeking: cross-validation on the labelled targets.
 
-The paper tuned nothing by validation and names it future work; test labels must never
-choose a parameter. :func:`select_by_cv` scores every configuration of a grid by
-cross-validation **on the labelled target training samples only** (the source samples
-stay in every fold's training set, the test samples are never seen). Two fold schemes:
+Test labels must never choose a parameter, and Tamaki et al. tune nothing by validation
+(they name it future work). :func:`select_by_cv` therefore scores every configuration of
+a grid by cross-validation **on the labelled target training samples only**: the source
+samples stay in every fold's training set, and the test samples are never seen. Every
+fold is a :class:`~mmdtl2_dist.core.methods.GramProblem` cut from the split's Gram blocks
+(:func:`sub_problem`), so no kernel value is recomputed. It returns the chosen
+configuration and a table with every configuration's CV scores.
 
-- ``"loo"``: leave one labelled target sample out (``M`` folds). Every fold trains on
-  all the target data but one sample, which matters when there are few: with 3 samples
-  per class, the per-class scheme below trains every fold on 2 per class, two thirds of
-  the target data of *every* class, and so may undervalue the configurations that lean on
-  the target samples. A sample that is the only one of its class is never held out.
-- ``"per_class"``: fold ``j`` holds out the ``j``-th sample of every class (``n`` folds
-  with ``n`` samples per class; at most ``max_folds``). Cheaper for many samples.
+Folds (``folds``)
+-----------------
+- ``"per_class"`` (default): fold ``j`` holds out the ``j``-th sample of every class
+  (``n`` folds with ``n`` samples in the smallest class, at most ``max_folds``), so
+  every fold holds out one sample of every class.
+- ``"loo"``: leave one labelled target sample out (``M`` folds). Each fold trains on all
+  the target data but one sample, at ``M / n`` times the fits of the per-class folds; a
+  sample that is the only one of its class is never held out.
+- ``"auto"``: ``"loo"`` up to ``loo_max`` labelled target samples, ``"per_class"`` above.
 
-``"auto"`` uses ``"loo"`` up to ``loo_max`` labelled target samples and ``"per_class"``
-above. The default is ``"per_class"``: on Office-Caltech10 (Hoffman's splits, 3 per
-class) it selected as well as ``"loo"`` (12-shift means 52.1 % and 52.0 % with an earlier
-grid, within the noise) at a tenth of the cost.
+The per-class scheme is the default: on Office-Caltech10 it selected at least as well as
+leave-one-out, at a fraction of the fits (BENCHMARKS.md, "CV selection of the prior").
 
-Which samples share a per-class fold is decided by ``fold_order``. The default,
-``"canonical"``, ranks the samples of a class by :func:`canonical_order`, a key computed
-from the labelled targets' Gram, so a split gives the same folds, and the same choice,
-however its samples are listed: by the estimator's caller, by the study runner (by index)
-or by ``mmdtl2 office`` (Hoffman's file order). With ``fold_order="given"`` (the listed
-order, the rule before) listing the labelled targets of a split in another order changed
-the chosen prior weight on 16-26 % of 240 Office-Caltech10 splits, and the canonical
-order selected as well (12-shift means 52.96 against 52.95 on the split set the rules
-were developed on). ``repeats`` adds rounds of per-class folds over seeded within-class
-shuffles, averaging over more groupings at ``repeats`` times the fits; it gained nothing
-consistent there (3 rounds: +0.06, −0.02, +0.04 point on three split sets), so it is off by
-default (``benchmarks/bench_selection.py --orders``).
+Which samples share a per-class fold is set by ``fold_order``. ``"canonical"`` (default)
+ranks the samples of a class by :func:`canonical_order`, a key computed from the labelled
+targets' Gram, so one split gives the same folds, and the same choice, however its
+samples are listed (by the estimator's caller, by the study runner by index, or by
+``mmdtl2 office`` in Hoffman's file order). ``"given"`` takes the listed order, which
+makes the choice depend on the listing. ``repeats`` adds rounds of per-class folds over
+seeded within-class shuffles, averaging over more groupings at ``repeats`` times the
+fits (off by default: it measured no consistent gain).
 
-Two selection criteria (``criterion``):
-
+Criteria (``criterion``)
+------------------------
 - ``"hinge"``: the lowest mean held-out multiclass hinge loss
-  ``max(0, 1 + max_{j≠y} s_j − s_y)``. Continuous, so it separates configurations that
-  30 held-out predictions score alike; it compares scores on one scale only when the
-  configurations share the hinge weights and the kernel (:data:`SCALE_KEYS`).
+  ``max(0, 1 + max_{j≠y} s_j − s_y)`` (Crammer and Singer's loss). It is continuous, so it
+  separates configurations that a few dozen held-out predictions score alike, but it
+  compares scores on one scale only when the configurations share the hinge weights and
+  the kernel (:data:`SCALE_KEYS`).
 - ``"accuracy"``: the best held-out accuracy; ties go to the lower hinge loss
   (``tie_break="hinge"``) or to the first listed (``"order"``).
 
-``criterion="auto"`` (the default) uses ``"hinge"`` when the grid varies none of
+``criterion="auto"`` (default) uses ``"hinge"`` when the grid varies none of
 :data:`SCALE_KEYS` and ``"accuracy"`` otherwise; ``tie_break="auto"`` likewise.
 
-For the prior transform (issue 8) the recommended grid is :data:`PRIOR_WEIGHT_GRID`, the
-mixing weight ``λ`` of ``W0 = λI`` in steps of 0.25 (``λ = 0`` is the paper's zero prior),
-named ``"prior_weight"`` in :data:`NAMED_GRIDS`.
-``c_f`` and ``c_d`` barely move the result there: with ``W = W0 + Δ``, ``Δ`` lives in the
-span of the labelled targets and the prior alone decides every other direction. The rule
-was fixed on 240 random Office-Caltech10 splits (seed 2027) and then checked once on two
-split sets it had not seen (``benchmarks/bench_selection.py``): 12-shift means 52.9 %
-on Hoffman's 20 splits and 53.0 % on 240 fresh splits (seed 2026), against a hindsight
-best of source and target SVM of 52.3 and 52.4. With a single labelled sample in every
-class no fold can be formed: the first configuration is returned, and the table says why.
+The prior's weight
+------------------
+For the prior transform ``W0`` of :mod:`mmdtl2_dist.core.mmdtl2` the grid to use is
+:data:`PRIOR_WEIGHT_GRID` (named ``"prior_weight"`` in :data:`NAMED_GRIDS`): the mixing
+weight ``λ`` of ``W0 = λI`` in steps of 0.25, ``λ = 0`` being the paper's zero prior. It
+is the one parameter worth selecting there: with ``W = W0 + Δ`` the correction ``Δ``
+lives in the span of the labelled targets, where the data terms outweigh ``½ c_f ‖Δ‖²``,
+so ``c_f`` and ``c_d`` barely move the result and the prior alone decides every other
+direction. The measurements behind these defaults, and how the rule was fixed on one
+split set before it was run on two others, are in BENCHMARKS.md ("CV selection of the
+prior").
+
+With a single labelled sample in some class no fold can be formed: the first
+configuration is returned, and the table says why.
 """
 
 from __future__ import annotations
@@ -62,15 +66,16 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
+from mmdtl2_dist.core.threads import one_thread
 
 FOLD_SCHEMES = ("auto", "loo", "per_class")
 CRITERIA = ("auto", "hinge", "accuracy")
 TIE_BREAKS = ("auto", "hinge", "order")
 FOLD_ORDERS = ("canonical", "given")
 # The mixing weight λ of the identity prior W0 = λI; λ = 0 is exactly the paper's zero
-# prior (the prior's Gram blocks vanish). The other parameters are the caller's (c_f = 1
-# on Office-Caltech10; it hardly matters there, see the module docstring). Copy before
-# changing an entry: the dicts are shared.
+# prior (the prior's Gram blocks vanish). The other parameters are the caller's (c_f
+# hardly matters with a prior, see the module docstring). The dicts are shared: copy one
+# to change an entry.
 PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PRIOR_WEIGHT_GRID: tuple[dict, ...] = tuple(
     {"prior": "identity", "prior_weight": w} for w in PRIOR_WEIGHTS
@@ -181,6 +186,7 @@ def sub_problem(prob: GramProblem, train: np.ndarray, held: np.ndarray) -> GramP
     )
 
 
+@one_thread
 def select_by_cv(
     method: str,
     grid: Sequence[Mapping],

@@ -53,26 +53,25 @@ def predictions_frame(adapter: AdapterState, scores: np.ndarray, names: list[str
     return pd.DataFrame(out)
 
 
-def as_feature_matrix(model_input) -> np.ndarray:
-    """The request as a C-ordered array (from a DataFrame, a list of rows or an array).
+def as_feature_rows(model_input):
+    """The request's rows, unconverted: an array, a DataFrame or nested lists.
 
-    C order matters for exactness: the kernel block ``X_train @ Xp.T`` of a column-major
-    copy (what ``DataFrame.to_numpy`` gives) can differ from the estimator's in the last
-    bit.
+    Conversion to float64 is :meth:`AdapterState.decision_function`'s, which refuses
+    strings and booleans instead of coercing them. A DataFrame with one list-valued
+    column (``features``) gives its lists; a dict must hold exactly one input tensor.
     """
     if isinstance(model_input, pd.DataFrame):
         if len(model_input.columns) == 1 and model_input.dtypes.iloc[0].kind == "O":
-            model_input = model_input.iloc[:, 0].tolist()  # one list-valued column
-        else:
-            model_input = model_input.to_numpy()
+            return model_input.iloc[:, 0].tolist()  # one list-valued column
+        return model_input
     if isinstance(model_input, dict):
         if len(model_input) != 1:
             raise ValueError(
                 f"expected one input tensor, got named inputs {sorted(model_input)}; "
                 'send {"inputs": [[...], ...]} with one row per sample.'
             )
-        model_input = next(iter(model_input.values()))
-    return np.ascontiguousarray(model_input)
+        return next(iter(model_input.values()))
+    return model_input
 
 
 class AdapterModel(PythonModel):
@@ -82,10 +81,11 @@ class AdapterModel(PythonModel):
         self.adapter = AdapterState.load(os.path.join(context.artifacts["adapter"], "adapter"))
         self.names = class_names_of(self.adapter, context.model_config)
 
-    def predict(self, context, model_input, params=None):
+    def predict(self, context, model_input: np.ndarray, params: dict | None = None) -> pd.DataFrame:
+        # The type hint is what the float64 tensor signature delivers; np.ndarray is one of
+        # the hints from which MLflow infers no signature of its own, so the logged one stays.
         try:
-            X = as_feature_matrix(model_input)
-            scores = self.adapter.decision_function(X)
+            scores = self.adapter.decision_function(as_feature_rows(model_input))
         except ValueError as exc:
             # MlflowException with this code makes the scoring server answer 400 with the
             # message; any other exception would be a generic 400 without it.

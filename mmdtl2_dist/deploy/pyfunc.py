@@ -44,6 +44,7 @@ SHIPPED_MODULES = (
     "core/kernels.py",
     "core/preprocessing.py",
     "core/adapter.py",
+    "core/threads.py",
 )
 
 

@@ -12,6 +12,12 @@ Each registration:
 Registering again creates the next version and moves the alias; earlier versions, their
 tags and other aliases are left as they are. Stages are deprecated in MLflow 3: only
 aliases are used (``models:/NAME@ALIAS``).
+
+Loading a model (:func:`load_registered_model`, for ``mmdtl2 predict`` and ``mmdtl2
+serve``) looks before it touches a store: MLflow opens a SQLite store by creating it, so a
+``models:/`` URI looked up in a store that does not exist (MLflow's default is
+``mlflow.db`` in the current folder) would leave an empty database behind and then report
+only that the model is unknown.
 """
 
 from __future__ import annotations
@@ -35,28 +41,123 @@ def use_tracking_uri(uri: str | None):
     A library call must not change the process-wide URIs for good.
     """
     import mlflow
-    from mlflow.tracking._model_registry import utils as registry_utils
-    from mlflow.tracking._tracking_service import utils as tracking_utils
 
     if not uri:
         yield
         return
-    # set_*_uri also export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI: restore those too.
+    # set_*_uri export MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI, so these variables hold
+    # the URIs in force (None: MLflow's default); both are set back, the variables too.
     env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    old_t = getattr(tracking_utils, "_tracking_uri", None)
-    old_r = getattr(registry_utils, "_registry_uri", None)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(old_t)
-        registry_utils._registry_uri = old_r
+        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+        mlflow.set_registry_uri(env["MLFLOW_REGISTRY_URI"])
         for k, v in env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def tracking_uri_and_origin(tracking_uri: str | None) -> tuple[str, str]:
+    """The tracking URI in force and where it comes from (for messages); no side effects."""
+    if tracking_uri:
+        return tracking_uri, "--tracking-uri"
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
+    import mlflow
+
+    default = "MLflow's default: neither --tracking-uri nor MLFLOW_TRACKING_URI is set"
+    return mlflow.get_tracking_uri(), default
+
+
+def local_store_path(uri: str) -> Path | None:
+    """The database file or folder a local store URI names, else None (a server, memory)."""
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///") :].split("?")[0]
+        return Path(path) if path and path != ":memory:" else None
+    if uri.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(uri).path))
+    if ":" not in uri and uri != "databricks":  # a plain path: MLflow's file store
+        return Path(uri)
+    return None
+
+
+def model_store_uri(model_uri: str, tracking_uri: str | None = None) -> str:
+    """The store URI to look ``model_uri`` up in, after checking that the store exists.
+
+    A ``models:/`` or ``runs:/`` URI needs a tracking/registry store: a local one that does
+    not exist is reported (with where its URI came from and how to set it), not created.
+    """
+    uri, origin = tracking_uri_and_origin(tracking_uri)
+    if model_uri.startswith(("models:/", "runs:/")):
+        path = local_store_path(uri)
+        if path is not None and not path.exists():
+            raise FileNotFoundError(
+                f"no MLflow store at {uri} ({origin}), so {model_uri!r} cannot be looked up; "
+                "nothing was created. Name the store that holds the model: --tracking-uri "
+                "sqlite:///STUDY/mlflow.db (the study folder `mmdtl2 register` used) or "
+                "export MLFLOW_TRACKING_URI=..., or pass the model's folder as --model."
+            )
+    return uri
+
+
+@contextmanager
+def mlflow_errors_explained(uri: str, action: str, needs: str, otherwise: str | None = None):
+    """An MLflow error inside the block becomes a ValueError saying what to fix.
+
+    A refusal by the server (HTTP 401 or 403: authentication on, see docs/deploy.md) says
+    which credentials are needed; any other error is re-raised as it is, or explained with
+    ``otherwise`` when given.
+    """
+    import mlflow
+
+    try:
+        yield
+    except mlflow.exceptions.MlflowException as exc:
+        denied = exc.get_http_status_code() in (401, 403)
+        if not denied and otherwise is None:
+            raise
+        fix = otherwise
+        if denied:
+            fix = (
+                f"The server wants the credentials of a user with {needs}: export "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD."
+            )
+        raise ValueError(f"cannot {action} at {uri}: {exc.message}. {fix}") from exc
+
+
+def model_lookup(model_uri: str, uri: str):
+    """MLflow errors inside the block explained for a model read from ``uri``."""
+    return mlflow_errors_explained(
+        uri,
+        f"load model {model_uri!r}",
+        "read access to the model",
+        otherwise="Check the name and alias, or pass --tracking-uri.",
+    )
+
+
+def load_registered_model(model_uri: str, tracking_uri: str | None = None):
+    """``mlflow.pyfunc.load_model(model_uri)`` from a store that exists (see above)."""
+    import mlflow
+
+    uri = model_store_uri(model_uri, tracking_uri)
+    with model_lookup(model_uri, uri), use_tracking_uri(uri):
+        return mlflow.pyfunc.load_model(model_uri)
+
+
+def download_registered_model(model_uri: str, tracking_uri: str | None, dst: str) -> str:
+    """The model's folder, downloaded into ``dst`` without running its code."""
+    import mlflow
+
+    uri = model_store_uri(model_uri, tracking_uri)
+    with model_lookup(model_uri, uri), use_tracking_uri(uri):
+        return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=dst)
 
 
 def _tag(v) -> str:

@@ -114,15 +114,28 @@ def choose_pair(handle: StudyHandle, pair: str | None) -> tuple[str, str]:
             )
         return pairs[0]
     if pair not in names:
-        raise ValueError(f"pair {pair!r} is not in the study; its pairs are {names}.")
+        raise ValueError(
+            f"pair {pair!r} is not in the study; its pairs are {names}.{_redirect_hint(pair)}"
+        )
     return pairs[names.index(pair)]
+
+
+def _redirect_hint(pair: str) -> str:
+    """A hint when the shell took ``>`` of an unquoted ``--pair SRC->TGT`` as a redirection."""
+    if not pair.endswith("-"):
+        return ""
+    return (
+        f" The shell read the '>' of an unquoted --pair {pair}>TARGET as a redirection (and"
+        " may have created an empty file named after the target device in this folder):"
+        f" quote the pair, --pair '{pair}>TARGET'."
+    )
 
 
 def pair_metric(source: str, target: str) -> str:
     """The MLflow metric of a trial's mean accuracy on one pair."""
-    from mmdtl2_dist.study.tracking import _metric_key
+    from mmdtl2_dist.study.tracking import metric_key
 
-    return f"accuracy_pair/{_metric_key(f'{source}->{target}')}"
+    return f"accuracy_pair/{metric_key(f'{source}->{target}')}"
 
 
 def _trial_runs(handle: StudyHandle) -> list:

@@ -25,6 +25,7 @@ from mmdtl2_dist.engine.gram_store import (
     GramStore,
 )
 from mmdtl2_dist.engine.in_process import IN_PROCESS, InProcessTasks
+from mmdtl2_dist.engine.location import gram_location, gram_lock, make_gram_dir
 from mmdtl2_dist.engine.plan import (
     DEFAULT_TASK_MEMORY_MB,
     choose_tile_rows,
@@ -33,26 +34,20 @@ from mmdtl2_dist.engine.plan import (
     plan_summary,
     task_memory_bytes,
 )
+from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.outputs import OutputKind, StagedOutput, claim_output
 
-_JOB_KEYS = (
-    "store_fingerprint",
-    "space",
-    "devices",
-    "n_rows",
-    "n_features",
-    "preprocessing",
-    "tile_rows",
-    "col_blocks",
-)
+#: What a Gram's values depend on: a complete Gram that matches them is used as it is.
+_GRAM_KEYS = ("store_fingerprint", "space", "devices", "n_rows", "n_features", "preprocessing")
+#: A partial Gram is resumed only with the same tiles and feature blocks as well.
+_JOB_KEYS = (*_GRAM_KEYS, "tile_rows", "col_blocks")
 
 
-def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_blocks) -> dict:
+def _gram_identity(fs: FeatureStore, space: str, devices: list, preprocessing: str) -> dict:
+    """The values of :data:`_GRAM_KEYS` for a Gram of ``fs`` (and the row offsets)."""
     sizes = [fs.shape(d, space)[0] for d in devices]
     return {
-        "format": GRAM_FORMAT,
-        "store": str(fs.path),
         "store_fingerprint": fs.fingerprint,
         "space": space,
         "devices": devices,
@@ -60,6 +55,14 @@ def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_bl
         "n_rows": int(sum(sizes)),
         "n_features": int(fs.shape(devices[0], space)[1]),
         "preprocessing": preprocessing,
+    }
+
+
+def _job_spec(fs: FeatureStore, space, devices, preprocessing, tile_rows, col_blocks) -> dict:
+    return {
+        "format": GRAM_FORMAT,
+        "store": str(fs.path),
+        **_gram_identity(fs, space, devices, preprocessing),
         "tile_rows": int(tile_rows),
         "col_blocks": [list(b) for b in col_blocks],
         "stats_done": preprocessing == "none",
@@ -107,47 +110,24 @@ def _check_resumable(out: Path, job: dict) -> dict:
     return old
 
 
-class _Progress:
-    def __init__(self, label: str, total: int, skipped: int, flops_per_tile: float, enabled):
-        self.label, self.total, self.skipped = label, total, skipped
-        self.flops_per_tile, self.enabled = flops_per_tile, enabled
-        self.t0 = self.last = time.monotonic()
-        self.last_done = 0
-
-    def update(self, done: int, force: bool = False) -> None:
-        now = time.monotonic()
-        # A line when a tile finished (at most every 2 s), else a heartbeat every 30 s.
-        quiet = 2.0 if done != self.last_done else 30.0
-        if not self.enabled or (not force and now - self.last < quiet):
-            return
-        self.last, self.last_done = now, done
-        elapsed = now - self.t0
-        todo = self.total - self.skipped
-        rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (todo - done) / rate if rate > 0 else float("nan")
-        gflops = self.flops_per_tile * done / max(elapsed, 1e-9) / 1e9
-        print(
-            f"{self.label}: {self.skipped + done}/{self.total} tiles ({self.skipped} resumed), "
-            f"{100 * (self.skipped + done) / self.total:.0f}%, {gflops:.1f} GFLOP/s, "
-            f"{elapsed:.0f} s elapsed, ETA {eta:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 def _task_runner(address: str | None, num_cpus: int | None):
     """Where the Gram's tasks run: this process (``address=IN_PROCESS``), else Ray.
 
-    Returns ``(runner, owned)`` as :func:`_ensure_ray` does; the in-process runner answers
+    Returns ``(runner, owned)`` as :func:`ensure_ray` does; the in-process runner answers
     the same calls (:mod:`mmdtl2_dist.engine.in_process`).
     """
     if address == IN_PROCESS:
         return InProcessTasks(), False
-    return _ensure_ray(address, num_cpus)
+    return ensure_ray(address, num_cpus)
 
 
-def _ensure_ray(address: str | None, num_cpus: int | None):
-    """Connect to Ray (a running session, the given cluster or a new local one)."""
+def ensure_ray(address: str | None, num_cpus: int | None):
+    """Connect to Ray (a running session, the given cluster or a new local one).
+
+    Returns ``(ray, owned)``: ``owned`` is True when this call connected or started Ray,
+    so the caller shuts it down when done. A new local Ray is guarded by the watchdog of
+    :mod:`mmdtl2_dist.engine.ray_watchdog`.
+    """
     import ray
 
     if ray.is_initialized():
@@ -281,12 +261,7 @@ def _stats_pass(ray, fs, job, out: Path, remote_opts: dict, progress, max_in_fli
             args = (path, r0, min(r0 + t, n_d), blocks, method)
             submits.append(lambda args=args: fn.remote(*args))
             owners.append(d)
-    if progress:
-        print(
-            f"gram {job['space']}: statistics pass ({method}), {len(submits)} tasks",
-            file=sys.stderr,
-            flush=True,
-        )
+    say(progress, f"gram {job['space']}: statistics pass ({method}), {len(submits)} tasks")
     # Results come back in submission order: the sums below have a fixed order.
     results = _run_tasks(ray, submits, lambda r: None, max_in_flight)
     root = zarr.open_group(str(out), mode="r+")
@@ -340,17 +315,17 @@ def _load_stats(out: Path, job: dict):
 def compute_gram(
     store_path: str | os.PathLike,
     space: str,
-    out_path: str | os.PathLike,
+    out_path: str | os.PathLike | None = None,
     *,
+    gram_dir: str | os.PathLike | None = None,
     preprocessing: str = "none",
     tile_rows: int | None = None,
     address: str | None = None,
     max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
-    progress: bool = True,
+    progress: bool | None = None,
     num_cpus: int | None = None,
     max_retries: int = 3,
     max_in_flight: int | None = None,
-    _probe: dict | None = None,
 ) -> GramStore:
     """Compute the linear Gram of one feature space over all its samples, on Ray.
 
@@ -366,11 +341,16 @@ def compute_gram(
         Feature store.
     space : str
         Feature space.
-    out_path : str or Path
-        Gram store to create (a missing path or an empty directory), or one to resume or
-        re-check: finished tiles are verified (checksums and the hash recorded when
-        written) and skipped, damaged ones are recomputed and named on stderr and in
-        ``last_run["repaired"]``. Anything else at the path is refused.
+    out_path : str or Path, optional
+        The Gram store's exact folder. Default: ``<gram_dir>/<key>``
+        (:func:`~mmdtl2_dist.engine.location.gram_location`), where every study on the
+        same store content, space and preprocessing finds it. A missing path or an empty
+        directory is created; a Gram store there is resumed or re-checked: finished tiles
+        are verified (checksums and the hash recorded when written) and skipped, damaged
+        ones are recomputed and named on stderr and in ``last_run["repaired"]``. Anything
+        else at the path is refused.
+    gram_dir : str or Path, optional
+        The Gram folder (default ``<store>.grams`` beside the store); not with ``out_path``.
     preprocessing : {"none", "l2", "zscore", "l2_zscore"}
         Applied per device with statistics over all that device's samples
         (:mod:`mmdtl2_dist.core.preprocessing`); the statistics are stored.
@@ -385,8 +365,9 @@ def compute_gram(
     max_task_memory_mb : float
         Memory bound of one task; sets the feature block width and is requested from Ray
         as the task's ``memory`` resource.
-    progress : bool
-        Print progress lines to stderr.
+    progress : bool or None
+        Progress lines on stderr (:mod:`mmdtl2_dist.progress`); ``None``: when stderr is a
+        terminal.
     num_cpus : int, optional
         CPUs of a new local Ray (default: all).
     max_retries : int
@@ -398,20 +379,79 @@ def compute_gram(
     Returns
     -------
     GramStore
-        The finished store; ``last_run`` says how many tiles were computed and skipped.
+        The finished store; ``last_run`` says how many tiles this call computed, skipped
+        and repaired, and ``reused`` is true when it found the Gram complete and intact.
+
+    Notes
+    -----
+    A complete Gram of the same store content, space, devices and preprocessing is
+    verified and used as it is, whatever its tile size; a partial one is resumed with its
+    own tiles and feature blocks (other ``tile_rows`` are refused). The call holds the
+    Gram's lock (:func:`~mmdtl2_dist.engine.location.gram_lock`) throughout: a second
+    call for the same Gram waits for it, then uses the finished Gram.
     """
     if preprocessing not in PREPROCESSING:
         raise ValueError(f"preprocessing must be one of {PREPROCESSING}, got {preprocessing!r}.")
+    if out_path is not None and gram_dir is not None:
+        raise ValueError("give out_path (an exact Gram folder) or gram_dir, not both.")
     fs = FeatureStore.open(store_path)
+    if out_path is None:
+        out = gram_location(fs, space, preprocessing, gram_dir)
+    else:
+        out = Path(out_path).expanduser().absolute()
+    claim_output(out, GRAM_OUTPUT, overwrite=None)  # resume our own Gram, touch nothing else
+    make_gram_dir(out.parent)
+    with gram_lock(out, progress):
+        return _compute(
+            fs,
+            space,
+            out,
+            preprocessing=preprocessing,
+            tile_rows=tile_rows,
+            address=address,
+            max_task_memory_mb=max_task_memory_mb,
+            progress=progress,
+            num_cpus=num_cpus,
+            max_retries=max_retries,
+            max_in_flight=max_in_flight,
+        )
+
+
+def _complete_gram_of(stored: dict | None, fs: FeatureStore, space, devices, preprocessing):
+    """Whether ``stored`` (a job.json) is a complete Gram of these values, any tile size."""
+    if not stored or not stored.get("complete"):
+        return False
+    want = _gram_identity(fs, space, devices, preprocessing)
+    return all(stored.get(k) == want[k] for k in _GRAM_KEYS)
+
+
+def _compute(
+    fs: FeatureStore,
+    space: str,
+    out: Path,
+    *,
+    preprocessing: str,
+    tile_rows: int | None,
+    address: str | None,
+    max_task_memory_mb: float,
+    progress: bool,
+    num_cpus: int | None,
+    max_retries: int,
+    max_in_flight: int | None,
+) -> GramStore:
+    """Create, resume or re-check the Gram job at ``out`` and run its missing tiles.
+
+    The caller holds the Gram's lock.
+    """
     devices = fs.devices_in(space)
-    out = Path(out_path).absolute()
     arr0 = fs.array(devices[0], space)
     itemsize = arr0.dtype.itemsize
     n_rows = sum(fs.shape(d, space)[0] for d in devices)
     n_features = fs.shape(devices[0], space)[1]
     chunk_rows, chunk_cols = arr0.chunks
-    claim_output(out, GRAM_OUTPUT, overwrite=None)  # resume our own Gram, touch nothing else
     stored = json.loads((out / JOB_FILE).read_text()) if (out / JOB_FILE).exists() else None
+    if _complete_gram_of(stored, fs, space, devices, preprocessing):
+        tile_rows = stored["tile_rows"]  # used as it is, whatever tile size was asked for
     if tile_rows is None:
         tile_rows = (
             stored["tile_rows"]
@@ -439,6 +479,7 @@ def compute_gram(
     repaired = _forget_damaged(out, job, tiles, progress) if stored else []
     if job.get("complete"):
         gs = GramStore.open(out)
+        gs.reused = True
         gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
         gs.last_run["seconds"] = time.monotonic() - t_start
         return gs
@@ -465,20 +506,15 @@ def compute_gram(
         stats_ref = ray.put(stats)
         norms_ref = ray.put(norms)
         fn = ray.remote(tasks.gram_tile_task).options(**opts)
-        submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref, _probe) for t in todo]
-        bar = _Progress(
-            f"gram {space}",
-            len(tiles),
-            len(tiles) - len(todo),
-            summary["flops"] / len(tiles),
-            progress,
-        )
-        counter = {"n": 0}
+        submits = [lambda t=t: fn.remote(task_job, t, stats_ref, norms_ref) for t in todo]
+        skipped = len(tiles) - len(todo)
+        bar = Progress(f"gram {space}", len(tiles), unit="tiles", done=skipped, enabled=progress)
+        flops_per_tile = summary["flops"] / len(tiles)
 
         def on_done(result):
-            if result is not None:
-                counter["n"] += 1
-            bar.update(counter["n"], force=counter["n"] == len(todo))
+            done = bar.done + (result is not None)
+            rate = flops_per_tile * (done - skipped) / max(bar.elapsed(), 1e-9) / 1e9
+            bar.update(done, f"{rate:.1f} GFLOP/s" + (f", {skipped} resumed" if skipped else ""))
 
         _run_tasks(ray, submits, on_done, max_in_flight)
     finally:

@@ -5,7 +5,10 @@ Layout (a directory)::
     GRAM/
       zarr.json            Zarr group
       job.json             the job (store, fingerprint, space, devices, preprocessing,
-                           tile size, feature blocks) and its state; written atomically
+                           tile size, feature blocks) and its state; written atomically.
+                           ``store`` records where the features were read from; a Gram
+                           is matched to a store by ``store_fingerprint`` only, so moving
+                           either keeps it in use
       gram/                float64 (n, n), chunks (tile_rows, tile_rows), CRC32C; only
                            chunks (i, j) with i <= j are written (upper triangle);
                            diagonal chunks hold the full symmetric block
@@ -15,7 +18,8 @@ Layout (a directory)::
       index.parquet        Gram row -> device, row, label, class_name, group, sample_id
       tiles/<i>_<j>.json   completion marker of each tile (resume skips these)
 
-Rows are the devices' rows concatenated, devices in sorted order.
+Rows are the devices' rows concatenated, devices in sorted order. A Gram computed for a
+store is kept in the store's Gram folder under its key (:mod:`mmdtl2_dist.engine.location`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import zarr
 
 from mmdtl2_dist.core.kernels import KernelSpec, kernel_from_gram
 from mmdtl2_dist.core.preprocessing import PreprocessStats
+from mmdtl2_dist.engine.location import gram_key
 from mmdtl2_dist.store.feature_store import CorruptChunkError, read_array_block
 from mmdtl2_dist.store.layout import check_name
 
@@ -49,6 +54,14 @@ class GramStore:
         Directory of the Gram store.
     cache_mb : float
         Decoded Gram chunks kept in memory between calls (least recently used first out).
+
+    Attributes
+    ----------
+    last_run : dict or None
+        Tiles ``computed`` and ``skipped`` and ``seconds`` of the run that finished the
+        Gram; as returned by :func:`~mmdtl2_dist.engine.compute_gram`, of that call.
+    reused : bool
+        True when :func:`~mmdtl2_dist.engine.compute_gram` found the Gram complete.
     """
 
     def __init__(self, path: Path, job: dict, index: pd.DataFrame, cache_mb: float = 512):
@@ -60,6 +73,7 @@ class GramStore:
         self._cache_limit = int(cache_mb * 2**20)
         self._sq = None
         self.last_run: dict | None = job.get("last_run")
+        self.reused = False
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, cache_mb: float = 512) -> GramStore:
@@ -86,6 +100,11 @@ class GramStore:
     @property
     def complete(self) -> bool:
         return bool(self.job.get("complete"))
+
+    @property
+    def key(self) -> str:
+        """The Gram's name in a Gram folder (store fingerprint, space, preprocessing)."""
+        return gram_key(self.job["store_fingerprint"], self.space, self.preprocessing)
 
     @property
     def n(self) -> int:

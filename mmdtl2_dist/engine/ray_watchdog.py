@@ -6,7 +6,7 @@ and runtime-env agents, workers, worker set-up) only notice the raylet's death b
 polling, and then block on the dead GCS for about a minute, ignoring SIGTERM. So a
 SIGKILLed command would leave them behind.
 
-:func:`mmdtl2_dist.engine.driver._ensure_ray` runs this file as a separate process
+:func:`mmdtl2_dist.engine.driver.ensure_ray` runs this file as a separate process
 (``python -I ray_watchdog.py DRIVER_PID RAY_DIR``, in a session of its own so that
 signals aimed at the command's process group do not reach it; it imports nothing but
 the standard library and psutil). It prints ``ready`` once it knows the driver's

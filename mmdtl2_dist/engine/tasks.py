@@ -69,7 +69,7 @@ def _preprocessed_rows(job: dict, start: int, stop: int, c0: int, c1: int, stats
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def gram_tile_task(job: dict, tile: Tile, stats, norms, probe: dict | None = None) -> dict:
+def gram_tile_task(job: dict, tile: Tile, stats, norms) -> dict:
     """Compute Gram tile ``(i, j)`` in float64, write its chunk, then its marker.
 
     Parameters
@@ -83,18 +83,12 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms, probe: dict | None = Non
         Per-device z-score statistics.
     norms : ndarray of shape (n,) or None
         Raw row norms (for L2 methods).
-    probe : dict, optional
-        Test hook: ``{"dir": path, "delay": seconds}`` writes ``<key>.<pid>`` into
-        ``dir`` and sleeps before computing (lets a test kill a busy worker).
 
     Returns
     -------
     dict
         The marker's content.
     """
-    if probe:
-        Path(probe["dir"], f"{tile.key}.{os.getpid()}").touch()
-        time.sleep(probe.get("delay", 0.0))
     t0 = time.perf_counter()
     G = np.zeros((tile.a1 - tile.a0, tile.b1 - tile.b0))
     # Fixed block order: the float64 sum has the same bits on any worker, any retry.

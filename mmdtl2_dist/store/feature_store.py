@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pandas as pd
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from mmdtl2_dist.progress import Progress
 from mmdtl2_dist.store.layout import (
     FEATURES_GROUP,
     FORMAT_VERSION,
@@ -295,8 +295,9 @@ class StoreWriter:
         Replace an existing feature store at ``path`` (only once the new one is complete).
     compression : {"none", "zstd"}
         Chunk compression; a CRC32C checksum is always added.
-    progress : bool
-        Print progress lines to stderr for large arrays.
+    progress : bool or None
+        Progress lines on stderr for large arrays (:mod:`mmdtl2_dist.progress`); ``None``:
+        when stderr is a terminal.
 
     Examples
     --------
@@ -312,7 +313,7 @@ class StoreWriter:
         *,
         overwrite: bool = False,
         compression: str = "none",
-        progress: bool = False,
+        progress: bool | None = False,
     ):
         self.path = Path(path).absolute()
         if compression not in COMPRESSION:
@@ -388,19 +389,16 @@ class StoreWriter:
         """Create an array and fill it from an iterator of row blocks, with progress."""
         dtype = kwargs.pop("dtype", np.float32)
         w = self.create_array(device, space, n_rows, n_features, dtype=dtype, **kwargs)
-        show = self.progress and n_rows * n_features * w._band.itemsize >= PROGRESS_MIN_BYTES
-        t0 = last = time.monotonic()
+        large = n_rows * n_features * w._band.itemsize >= PROGRESS_MIN_BYTES
+        bar = Progress(
+            f"ingest {device}/{space}",
+            n_rows,
+            unit="rows",
+            enabled=self.progress if large else False,
+        )
         for block in blocks:
             w.append(block)
-            now = time.monotonic()
-            if show and (now - last > 2.0 or w.rows_written == n_rows):
-                last = now
-                print(
-                    f"ingest {device}/{space}: {w.rows_written:,}/{n_rows:,} rows "
-                    f"({100 * w.rows_written / n_rows:.0f}%), {now - t0:.0f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            bar.update(w.rows_written)
         return w
 
     def commit(self) -> None:

@@ -17,6 +17,15 @@ Supported inputs (rows = samples):
   metadata comes from a side table). A first row ``0,1,...,L-1`` is ambiguous (pandas
   writes it for unnamed columns) and needs ``header=True`` or ``False``
   (``--header`` / ``--no-header``); so every row of the file is a sample in the store.
+- A CSV's row index is never a feature. pandas' ``to_csv`` writes the frame's index as
+  a first column by default (``index=True``): with a header row its name is empty (pandas
+  reads it back as ``Unnamed: 0``), without one its values are ``0..n-1``. Such a first
+  column is refused unless ``index=True`` (``--index``: the file has a row index, drop it)
+  or ``index=False`` (``--no-index``: it is a feature) says what it is. The column would
+  otherwise change the feature dimension and add a feature that only counts rows, and a
+  guess (dropping it) could remove a real feature; saying it once costs nothing. (A
+  Parquet file keeps pandas' index in its pandas metadata, and it is read back as the
+  index, never as a feature.)
 
 Data types are kept when they are float32 or float64 (so a round trip is exact; CSV
 carries no type, its numbers are read as float64: pass ``dtype="float32"`` for float32 data);
@@ -75,6 +84,10 @@ class IngestInput:
     header : bool, optional
         CSV only: the first row names the columns (True) or is a sample (False);
         default: detected (see the module docstring).
+    index : bool, optional
+        CSV only: the first column is a row index, dropped (True), or a feature (False);
+        default: detected, a first column that looks like pandas' index is refused (see
+        the module docstring).
     """
 
     device: str
@@ -85,6 +98,7 @@ class IngestInput:
     metadata_path: str | None = None
     transpose: bool = False
     header: bool | None = None
+    index: bool | None = None
 
 
 class _Source:
@@ -117,7 +131,15 @@ class _ArraySource(_Source):
 class _TableSource(_Source):
     """CSV or Parquet: feature columns (or one list column) plus metadata columns."""
 
-    def __init__(self, path: Path, kind: str, features_key, keys, header: bool | None = None):
+    def __init__(
+        self,
+        path: Path,
+        kind: str,
+        features_key,
+        keys,
+        header: bool | None = None,
+        index: bool | None = None,
+    ):
         self.path, self.kind = path, kind
         self.header = _csv_header_row(path, header) if kind == "csv" else 0
         names = self._columns()
@@ -162,8 +184,14 @@ class _TableSource(_Source):
             elif len(lists) > 1:
                 raise IngestError(f"{path}: several list columns {lists}; pass features_key.")
         used = set(meta_cols.values())
+        if kind == "csv":
+            self.n_rows, counts_rows = _csv_rows(path, self.header)
+            counts_rows = counts_rows and self.n_rows >= 3  # 0, 1 can be a feature by chance
+            index_cols = _csv_index_columns(path, self.header, names, used, index, counts_rows)
+            used |= set(index_cols)
+        else:
+            self.n_rows = pq.ParquetFile(path).metadata.num_rows
         self.feature_cols = [] if self.list_col else [c for c in names if c not in used]
-        self.n_rows = self._count_rows()
         if self.n_rows == 0:
             raise IngestError(f"{path}: no samples (empty table).")
         first = next(self._raw_blocks(min(self.n_rows, 64)), None)
@@ -180,15 +208,6 @@ class _TableSource(_Source):
         import pyarrow.parquet as pq
 
         return list(pq.ParquetFile(self.path).schema_arrow.names)
-
-    def _count_rows(self) -> int:
-        if self.kind == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(self.path).metadata.num_rows
-        first = pd.read_csv(self.path, nrows=0, header=self.header).columns[0]
-        chunks = pd.read_csv(self.path, usecols=[first], header=self.header, chunksize=1 << 16)
-        return sum(len(c) for c in chunks)
 
     def _read_meta(self) -> dict:
         cols = list(self.meta_cols.values())
@@ -242,7 +261,9 @@ def _csv_header_row(path: Path, header: bool | None) -> int | None:
     """Pandas' ``header`` for a CSV: 0 when its first row names the columns, else None.
 
     Detected unless given: a first row of numbers (empty fields allowed) is a sample,
-    except ``0,1,...,L-1``, which could be either and must be said.
+    except ``0,1,...,L-1``, which could be either and must be said, and ``,0,1,...,L-1``,
+    the header pandas writes for unnamed columns after the index (as a sample its empty
+    field would be refused anyway).
     """
     if header is not None:
         return 0 if header else None
@@ -250,6 +271,8 @@ def _csv_header_row(path: Path, header: bool | None) -> int | None:
         first = next((row for row in csv.reader(fh) if any(f.strip() for f in row)), [])
     fields = [f.strip() for f in first]
     if any(f and not _is_number(f) for f in fields):
+        return 0
+    if len(fields) > 1 and fields == ["", *(str(i) for i in range(len(fields) - 1))]:
         return 0
     if fields == [str(i) for i in range(len(fields))]:
         shown = ",".join(fields[:4]) + (",..." if len(fields) > 4 else "")
@@ -259,6 +282,55 @@ def _csv_header_row(path: Path, header: bool | None) -> int | None:
             "the columns, header=False (--no-header) if it is a sample."
         )
     return None
+
+
+def _csv_rows(path: Path, header: int | None) -> tuple[int, bool]:
+    """Samples in a CSV, and whether its first column holds exactly ``0, 1, ..., n-1``."""
+    first = pd.read_csv(path, nrows=0, header=header).columns[0]
+    n, counts_rows = 0, True
+    for chunk in pd.read_csv(path, usecols=[first], header=header, chunksize=1 << 16):
+        col = chunk[first]
+        counts_rows = (
+            counts_rows
+            and pd.api.types.is_integer_dtype(col)
+            and np.array_equal(col.to_numpy(), np.arange(n, n + len(col)))
+        )
+        n += len(col)
+    return n, counts_rows
+
+
+def _csv_index_columns(
+    path: Path, header: int | None, names: list, used: set, index: bool | None, counts_rows: bool
+) -> list:
+    """The CSV's first column when it is a row index (not a feature), else nothing.
+
+    ``index`` says it; otherwise a first column that looks like the index pandas'
+    ``to_csv`` writes by default (no name in a header row, or ``0..n-1`` in a file
+    without one) is refused: the user says which, ``index=True`` or ``index=False``.
+    """
+    if index is not None:
+        return names[:1] if index else []
+    first = names[0]
+    fix = (
+        "write the file with df.to_csv(path, index=False), or pass index=True (--index) "
+        "to drop that column, or index=False (--no-index) to keep it as a feature."
+    )
+    if first in used:
+        return []
+    if header == 0 and first == "Unnamed: 0":
+        values = " (its values are 0..n-1)" if counts_rows else ""
+        raise IngestError(
+            f"{path}: the first column has no name in the header row{values}: it looks like "
+            "the row index that pandas' DataFrame.to_csv writes by default (index=True), not "
+            f"a feature. Say what it is: {fix}"
+        )
+    if header is None and counts_rows and len(names) > 1:
+        raise IngestError(
+            f"{path}: the first column holds 0, 1, ..., n-1 in a file without a header row: it "
+            "looks like the row index that pandas' DataFrame.to_csv writes by default "
+            f"(index=True), not a feature. Say what it is: {fix}"
+        )
+    return []
 
 
 def _numeric(frame: pd.DataFrame, path) -> np.ndarray:
@@ -354,7 +426,7 @@ def open_source(inp: IngestInput) -> _Source:
         elif ext in (".csv", ".parquet"):
             if inp.transpose:
                 raise IngestError(f"{path}: transpose is not supported for tables.")
-            src = _TableSource(path, ext[1:], inp.features_key, keys, inp.header)
+            src = _TableSource(path, ext[1:], inp.features_key, keys, inp.header, inp.index)
         else:
             raise IngestError(f"{path}: unsupported format {ext!r}; supported: {FORMATS}.")
     except (IngestError, FileNotFoundError):
@@ -471,7 +543,7 @@ def ingest(
     compression: str = "none",
     chunk_rows: int | None = None,
     dtype: str | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> FeatureStore:
     """Build a feature store from input files, atomically.
 
@@ -489,8 +561,8 @@ def ingest(
         Rows per chunk (default: 256, more for narrow arrays so that chunks are >= 1 MiB).
     dtype : {"float32", "float64"}, optional
         Force the stored dtype (default keeps float32/float64, see the module docstring).
-    progress : bool
-        Print progress to stderr for large inputs.
+    progress : bool or None
+        Progress lines on stderr for large inputs; ``None``: when stderr is a terminal.
 
     Returns
     -------

@@ -110,5 +110,5 @@ def make_synthetic(path: Path, options: dict) -> Path:
             f"study spec: [data.synthetic] {exc}; see "
             "mmdtl2_dist.store.synthetic.SyntheticSpec for the options."
         ) from exc
-    make_synthetic_store(path, spec, progress=True)
+    make_synthetic_store(path, spec, progress=None)
     return path

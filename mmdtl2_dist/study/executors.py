@@ -30,7 +30,6 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -104,27 +103,33 @@ def trials_failed(errors: list[str], output: Path) -> RuntimeError:
     )
 
 
-def _say(progress: bool, msg: str) -> None:
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
-
-
 class TrialSink:
-    """Receives finished trials in the driver: result file, MLflow run, progress line.
+    """Receives trials in the driver: result file, MLflow run, progress line.
 
+    Progress counts fits (trials x units): finished trials count whole, running ones by
+    the fraction of their units done that the executor last reported (:meth:`running`).
     Built from plain values so that it can live inside a pickled Tune callback (Tune
-    stores the run config, callbacks included). An empty ``tracker_cfg`` logs nothing
-    to MLflow.
+    stores the run config, callbacks included). An empty ``tracker_cfg`` logs nothing to
+    MLflow.
     """
 
-    def __init__(self, output: str, tracker_cfg: dict, tags: dict, total: int, progress: bool):
+    def __init__(
+        self,
+        output: str,
+        tracker_cfg: dict,
+        tags: dict,
+        total: int,
+        progress: bool | None,
+        units: int = 1,
+    ):
         self.output, self.tracker_cfg, self.tags = output, tracker_cfg, tags
-        self.total, self.progress = total, progress
+        self.total, self.progress, self.units = total, progress, units
         self._tracker = None
-        self.t0 = time.perf_counter()
+        self._running: dict[str, float] = {}
+        self._bar = self._new_bar()  # the clock starts with the trials
 
     def __getstate__(self):
-        return {**self.__dict__, "_tracker": None}
+        return {**self.__dict__, "_tracker": None, "_bar": None, "_running": {}}
 
     @property
     def tracker(self):
@@ -133,6 +138,35 @@ class TrialSink:
         if self._tracker is None and self.tracker_cfg:
             self._tracker = StudyTracker(**self.tracker_cfg)
         return self._tracker
+
+    def _finished(self) -> int:
+        return len(list((Path(self.output) / "results").glob("*.json")))
+
+    def _new_bar(self):
+        from mmdtl2_dist.progress import Progress
+
+        return Progress(
+            "study",
+            self.total * self.units,
+            unit="fits",
+            enabled=self.progress,
+            done=self._finished() * self.units,
+        )
+
+    @property
+    def bar(self):
+        if self._bar is None:  # unpickled
+            self._bar = self._new_bar()
+        return self._bar
+
+    def _fits_done(self) -> int:
+        running = sum(self._running.values())
+        return min(round((self._finished() + running) * self.units), self.total * self.units)
+
+    def running(self, key: str, fraction: float) -> None:
+        """A running trial has done this fraction of its units."""
+        self._running[key] = float(fraction)
+        self.bar.update(self._fits_done())
 
     def __call__(self, payload: dict) -> None:
         results = Path(self.output) / "results"
@@ -143,17 +177,17 @@ class TrialSink:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(payload))
             tmp.replace(path)
+        self._running.pop(payload["key"], None)
         if self.tracker is not None:
             self.tracker.log_trial(payload, self.tags)
         if fresh:
-            done = len(list(results.glob("*.json")))
-            _say(
-                self.progress,
-                f"[{done}/{self.total}] {payload['label']} n={payload['n_per_class']}: "
-                f"accuracy {100 * payload['accuracy']:.2f} ± "
-                f"{100 * payload['accuracy_std']:.2f} % over {len(payload['units'])} fits, "
-                f"fits {payload['solver_s']:.1f} CPU-s in {payload['wall_s']:.1f} s "
-                f"({time.perf_counter() - self.t0:.0f} s elapsed)",
+            self.bar.update(
+                self._fits_done(),
+                f"[{self._finished()}/{self.total} trials] {payload['label']} "
+                f"n={payload['n_per_class']}: accuracy {100 * payload['accuracy']:.2f} ± "
+                f"{100 * payload['accuracy_std']:.2f} % (std over {len(payload['units'])} "
+                f"fits), fits {payload['solver_s']:.1f} CPU-s in {payload['wall_s']:.1f} s",
+                force=True,
             )
 
 
@@ -305,6 +339,8 @@ class LocalExecutor:
                     _cancel_trial(futures, parts, part)
                 elif part.add(*fut.result()):
                     sink(trial_payload(plan, part.trial, part.results, part.timing()))
+                else:
+                    sink.running(part.trial["key"], len(part.results) / part.n_units)
         return errors
 
 

@@ -39,10 +39,10 @@ class RayTuneExecutor:
 
     def start(self) -> None:
         """Connect to Ray exactly as the Gram engine does (one place for the init options)."""
-        from mmdtl2_dist.engine.driver import _ensure_ray
+        from mmdtl2_dist.engine import ensure_ray
 
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-        self.ray, self.owned = _ensure_ray(self.address, self.num_cpus)
+        self.ray, self.owned = ensure_ray(self.address, self.num_cpus)
 
     def cpus(self) -> float:
         return float(self.ray.cluster_resources().get("CPU", 1.0))
@@ -128,7 +128,7 @@ def trial_dirname(trial) -> str:
 
 
 class StudyCallback(Callback):
-    """Hands each trial's final result to the sink, in the driver."""
+    """Hands each trial's progress and final result to the sink, in the driver."""
 
     def __init__(self, sink):
         self.sink = sink
@@ -136,3 +136,5 @@ class StudyCallback(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if "payload" in result:
             self.sink(json.loads(result["payload"]))
+        elif "trial_progress" in result:
+            self.sink.running(trial.config["trial"]["key"], result["trial_progress"])

@@ -6,7 +6,11 @@ splits. A cell is marked ``**`` / ``*`` when the method is better than the sourc
 column by a one-tailed Welch t-test at the 1 % / 5 % level, and ``++`` / ``+`` likewise
 against the target SVM column (``scipy.stats.ttest_ind(a, ref, equal_var=False,
 alternative="greater")``). Standard deviations use ``ddof=1`` (sample standard deviation;
-the paper does not say which it used).
+the paper does not say which it used). The spread is the paper's: the standard deviation
+of the split accuracies, what a new split is likely to give, from which the t-test's
+standard error follows (``std / sqrt(n_splits)``). Every table states it in a caption
+line (:func:`caption`). ``mmdtl2 office`` prints its table with the same functions
+(:func:`pair_tables`, :func:`markdown_table`, :func:`caption`).
 
 With several device pairs, each pair gets its own table, and an "all pairs" table uses,
 for each split number, the accuracy averaged over the pairs (so the t-test still compares
@@ -187,6 +191,29 @@ def paper_table(
     return pd.DataFrame(out)
 
 
+def pair_tables(
+    df: pd.DataFrame, labels: list[str], ref_source: str | None, ref_target: str | None
+) -> pd.DataFrame:
+    """:func:`paper_table` of every pair, and of ``ALL_PAIRS`` when there are several."""
+    full = _with_all_pairs(df)
+    pairs = list(dict.fromkeys(df["pair"]))
+    tables = [
+        paper_table(full, pair, labels, ref_source, ref_target)
+        for pair in pairs + ([ALL_PAIRS] if len(pairs) > 1 else [])
+    ]
+    return pd.concat(tables, ignore_index=True)
+
+
+def caption(n_splits: int, ref_source: str | None, ref_target: str | None) -> str:
+    """The line that says what a table's cells are: the spread and the t-test marks."""
+    return (
+        f"Accuracy (%): mean ± standard deviation over {n_splits} splits (ddof=1). "
+        "One-tailed Welch t-test: `**`/`*` better than "
+        f"{ref_source or '(no source SVM column)'} at p < 0.01/0.05, `++`/`+` better than "
+        f"{ref_target or '(no target SVM column)'}."
+    )
+
+
 def _cell(r) -> str:
     s = f"{r['mean']:.2f} ± {r['std']:.2f}"
     return f"{s} {r['marks']}" if r["marks"] else s
@@ -204,6 +231,17 @@ def markdown_table(table: pd.DataFrame, row: str, labels: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _legend_outside(ax, fontsize: float = 8) -> None:
+    """The legend right of the axes, where it covers no bar, line or error bar."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # keeps the legend outside the axes
+    plt.close(fig)
+
+
 def _plot_vs_n(table: pd.DataFrame, labels: list[str], title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label in labels:
@@ -214,16 +252,14 @@ def _plot_vs_n(table: pd.DataFrame, labels: list[str], title: str, path: Path) -
             t["n_per_class"], t["mean"], yerr=t["std"], marker="o", ms=3, capsize=2, label=label
         )
     ax.set_xlabel("labelled target samples per class")
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel("accuracy (%), mean ± std over splits")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _legend_outside(ax)
+    _save(fig, path)
 
 
-def _plot_by_pair(table: pd.DataFrame, labels: list[str], title: str, path: Path) -> None:
+def by_pair_figure(table: pd.DataFrame, labels: list[str], title: str):
     """Grouped bars: accuracy (mean ± std) of every method on every pair."""
     pairs = list(dict.fromkeys(table["pair"]))
     width = 0.8 / max(len(labels), 1)
@@ -233,13 +269,15 @@ def _plot_by_pair(table: pd.DataFrame, labels: list[str], title: str, path: Path
         x = np.arange(len(pairs)) + (i - (len(labels) - 1) / 2) * width
         ax.bar(x, t["mean"], width, yerr=t["std"], capsize=1.5, label=label)
     ax.set_xticks(np.arange(len(pairs)), pairs, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel("accuracy (%), mean ± std over splits")
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _legend_outside(ax, fontsize=7)
+    return fig
+
+
+def _plot_by_pair(table: pd.DataFrame, labels: list[str], title: str, path: Path) -> None:
+    _save(by_pair_figure(table, labels, title), path)
 
 
 def _plot_sweep(d: pd.DataFrame, base: str, param: str, path: Path) -> None:
@@ -260,13 +298,11 @@ def _plot_sweep(d: pd.DataFrame, base: str, param: str, path: Path) -> None:
     if (vals > 0).all() and vals.max() / vals.min() > 50:
         ax.set_xscale("log")
     ax.set_xlabel(param)
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel("accuracy (%), mean ± std over splits")
     ax.set_title(f"{base}: accuracy versus {param}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _legend_outside(ax)
+    _save(fig, path)
 
 
 def _slug(s: str) -> str:
@@ -342,30 +378,21 @@ def write_report(
     rs, rt = references(main, methods, ref_source, ref_target)
     full = _with_all_pairs(df)
     pairs = list(dict.fromkeys(df["pair"]))
-    tables = []
-    for pair in pairs + ([ALL_PAIRS] if len(pairs) > 1 else []):
-        tables.append(paper_table(full, pair, order, rs, rt))
-    table = pd.concat(tables, ignore_index=True)
+    table = pair_tables(df, order, rs, rt)
     table.to_csv(out_dir / "table.csv", index=False)
     files.append(out_dir / "table.csv")
 
+    cap = caption(df["split"].nunique(), rs, rt)
     md = [f"# {title}", ""]
-    md.append(
-        f"Accuracy (%) over {df['split'].nunique()} splits, mean ± std (ddof=1). "
-        "One-tailed Welch t-test: `**`/`*` better than "
-        f"{rs or '(no source SVM column)'} at p < 0.01/0.05, `++`/`+` better than "
-        f"{rt or '(no target SVM column)'}."
-    )
-    md.append("")
     summary = None
     main_pair = ALL_PAIRS if len(pairs) > 1 else pairs[0]
     for pair in ([ALL_PAIRS] if len(pairs) > 1 else []) + pairs:
         t = table[(table["pair"] == pair) & table["label"].isin(main)]
         heading = "All pairs (per split, mean over pairs)" if pair == ALL_PAIRS else f"{pair}"
         text = markdown_table(t, "n_per_class", main)
-        md += [f"## {heading}", "", text, ""]
+        md += [f"## {heading}", "", cap, "", text, ""]
         if pair == main_pair:
-            summary = f"{heading}\n\n{text}"
+            summary = f"{heading}\n\n{cap}\n\n{text}"
         png = out_dir / f"accuracy_vs_n_{_slug(pair)}.png"
         if t["n_per_class"].nunique() > 1:
             _plot_vs_n(t, main, f"{title}: {heading}", png)
@@ -374,19 +401,20 @@ def write_report(
         for n in sorted(table["n_per_class"].unique()):
             t = table[(table["n_per_class"] == n) & table["label"].isin(main)]
             text = markdown_table(t, "pair", main)
-            md += [f"## Per pair, {n} labelled target samples per class", "", text, ""]
+            md += [f"## Per pair, {n} labelled target samples per class", "", cap, "", text, ""]
             if table["n_per_class"].nunique() == 1:  # no accuracy-versus-n curve to draw
                 png = out_dir / f"accuracy_by_pair_n{n}.png"
                 _plot_by_pair(t, main, f"{title}: {n} labelled target samples per class", png)
                 files.append(png)
             if table["n_per_class"].nunique() == 1:
-                summary = f"Per pair, {n} labelled target samples per class\n\n{text}"
+                summary = f"Per pair, {n} labelled target samples per class\n\n{cap}\n\n{text}"
     swept = df[df["swept"] != "{}"]
     for base, g in swept.groupby("base_label", sort=False):
         params = sorted({k for s in g["swept"] for k in json.loads(s)})
         labels = list(dict.fromkeys(g["label"]))
         t = table[(table["pair"] == main_pair) & table["label"].isin(labels)]
-        md += [f"## Parameter sweep: {base}", "", markdown_table(t, "n_per_class", labels), ""]
+        sweep = markdown_table(t, "n_per_class", labels)
+        md += [f"## Parameter sweep: {base}", "", cap, "", sweep, ""]
         if len(params) == 1:
             png = out_dir / f"sweep_{_slug(base)}_{params[0]}.png"
             pooled = (

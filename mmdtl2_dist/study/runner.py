@@ -4,8 +4,10 @@
 
 1. prepares the data (the given store, or builds the bundled / synthetic one in
    ``<output>/data``), validates the spec against it;
-2. computes each feature space's Gram **once** with the engine
-   (``<output>/grams/<space>__<preprocessing>``; an existing complete Gram is reused);
+2. finds each feature space's Gram in the store's Gram folder (``[data] gram_dir``,
+   default ``<store>.grams`` beside the store; :mod:`mmdtl2_dist.engine.location`), keyed
+   by the store's content, the space and the preprocessing: a Gram that ``mmdtl2 gram``
+   or another study computed is reused, else the engine computes it there **once**;
 3. draws the splits and writes the plan (``<output>/plan.json`` + ``plan.npz``, data
    only: :mod:`mmdtl2_dist.study.plan`) — trials only read it;
 4. hands every trial (method configuration x samples per class) that has no result yet
@@ -32,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.outputs import OutputKind, claim_output
 from mmdtl2_dist.study.data import (
     build_office_caltech_store,
@@ -78,11 +80,6 @@ STATE_FILE = "study.json"
 STUDY_OUTPUT = OutputKind(
     "study folder", is_dir=True, recognise=lambda path: (path / STATE_FILE).is_file()
 )
-
-
-def _say(progress: bool, msg: str) -> None:
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
 
 
 # -- data -------------------------------------------------------------------------------
@@ -137,30 +134,41 @@ def resolve_pairs(spec: StudySpec, fs) -> list[tuple[str, str]]:
     return list(spec.pairs)
 
 
-def gram_path(spec: StudySpec, space: str) -> Path:
-    return spec.output / "grams" / f"{space}__{spec.preprocessing}"
-
-
 def compute_grams(
-    spec: StudySpec, store: Path, *, address: str | None, progress: bool
+    spec: StudySpec, store: Path, *, address: str | None, progress: bool | None
 ) -> dict[str, str]:
-    """Compute (or reuse) the Gram of each feature space of the study."""
+    """The Gram of each feature space of the study: reused if present, else computed."""
     from mmdtl2_dist.engine import compute_gram
 
     out = {}
     for space in dict.fromkeys([spec.source_space, spec.target_space]):
-        p = gram_path(spec, space)
-        p.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         g = compute_gram(
-            store, space, p, preprocessing=spec.preprocessing, address=address, progress=progress
+            store,
+            space,
+            gram_dir=spec.gram_dir,
+            preprocessing=spec.preprocessing,
+            address=address,
+            progress=progress,
         )
-        _say(
+        how = "reused" if g.reused else f"computed ({g.last_run['computed']} tiles)"
+        say(
             progress,
-            f"study: Gram of {space!r} ({g.n} samples) ready in "
-            f"{time.perf_counter() - t0:.1f} s at {p}",
+            f"study: Gram of {space!r} ({g.n} samples) {how} in "
+            f"{time.perf_counter() - t0:.1f} s: {g.path}",
         )
-        out[space] = str(p)
+        out[space] = str(g.path)
+    return out
+
+
+def gram_provenance(grams: dict[str, str]) -> dict[str, dict]:
+    """Key, folder and store fingerprint of each Gram of a study (state and MLflow)."""
+    from mmdtl2_dist.engine import GramStore
+
+    out = {}
+    for space, path in grams.items():
+        g = GramStore.open(path)
+        out[space] = {"key": g.key, "path": path, "store_fingerprint": g.job["store_fingerprint"]}
     return out
 
 
@@ -476,7 +484,9 @@ def _stop_on_signals(spec: StudySpec):
 # -- entry points -----------------------------------------------------------------------
 
 
-def tracker_config(spec: StudySpec, uri: str | None) -> dict:
+def tracker_config(
+    spec: StudySpec, uri: str | None, class_names: dict[str, str] | None = None
+) -> dict:
     """Arguments of the study's :class:`StudyTracker` (plain values)."""
     from mmdtl2_dist.study.tracking import default_tracking_uri
 
@@ -490,6 +500,7 @@ def tracker_config(spec: StudySpec, uri: str | None) -> dict:
         "study_name": spec.name,
         "spec_fingerprint": spec.fingerprint(),
         "artifact_location": art,
+        "class_names": class_names,
     }
 
 
@@ -539,7 +550,7 @@ def run_study(
     num_cpus: int | None = None,
     tracking_uri: str | None = None,
     track: bool = True,
-    progress: bool = True,
+    progress: bool | None = None,
     max_trials: int | None = None,
 ) -> dict:
     """Run (or resume) a study end to end; return the report dict.
@@ -568,8 +579,9 @@ def run_study(
         MLflow tracking URI (default ``sqlite:///<output>/mlflow.db``).
     track : bool
         Log the study to MLflow; result files and the report are written either way.
-    progress : bool
-        Progress lines on stderr.
+    progress : bool or None
+        Progress lines on stderr (:mod:`mmdtl2_dist.progress`); ``None``: when stderr is a
+        terminal.
     max_trials : int, optional
         Stop after this many new trials (for tests and benchmarks of interruption).
 
@@ -621,7 +633,7 @@ def _run_study(
     *,
     tracking_uri: str | None,
     track: bool,
-    progress: bool,
+    progress: bool | None,
     max_trials: int | None,
 ) -> dict:
     t_start = time.perf_counter()
@@ -648,7 +660,7 @@ def _run_study(
         executor.close()
     stages["study_wall_s"] = rep["timing"]["study_wall_s"] = time.perf_counter() - t_start
     _write_state(spec, {"last_run": stages})
-    _say(progress, "study: " + timing_line(rep["timing"], stages))
+    say(progress, "study: " + timing_line(rep["timing"], stages))
     return rep
 
 
@@ -661,22 +673,24 @@ def _run_started(
     *,
     tracking_uri: str | None,
     track: bool,
-    progress: bool,
+    progress: bool | None,
     max_trials: int | None,
 ) -> dict:
     """The study once its executor has started: Grams, plan, trials, report."""
     t0 = time.perf_counter()
     grams = compute_grams(spec, store, address=executor.gram_address, progress=progress)
     stages["data_and_gram_s"] = time.perf_counter() - t0 + stages.pop("data_check_s")
+    provenance = gram_provenance(grams)
+    _write_state(spec, {"grams": provenance})
     plan_path = spec.output / PLAN_FILE
     plan = _study_plan(spec, store, split_file, grams, plan_path)
     trials = spec.trials()
-    tracker, sink = _tracking(spec, plan, tracking_uri, track, len(trials), progress)
     n_units = sum(len(p.splits) for p in plan.pairs)
-    _say(
+    tracker, sink = _tracking(spec, plan, provenance, tracking_uri, track, progress)
+    say(
         progress,
-        f"study {spec.name!r}: {len(trials)} trials x {n_units} fits "
-        f"({len(plan.pairs)} pairs) on the {executor.name} executor; output {spec.output}",
+        f"study {spec.name!r}: {len(trials)} trials x {n_units} fits ({len(plan.pairs)} "
+        f"pairs) on the {executor.name} executor; output {spec.output}",
     )
     t1, stages["trials_t0"] = time.perf_counter(), time.time()
     _run_trials(spec, executor, plan_path, trials, sink, max_trials=max_trials, progress=progress)
@@ -689,11 +703,22 @@ def _run_started(
 
 
 def _tracking(
-    spec: StudySpec, plan, uri: str | None, track: bool, total: int, progress: bool
+    spec: StudySpec,
+    plan: StudyPlan,
+    provenance: dict,
+    uri: str | None,
+    track: bool,
+    progress: bool | None,
 ) -> tuple:
     """The study's MLflow tracker (``None`` when not tracking) and its trial sink."""
+    total, units = len(spec.trials()), sum(len(p.splits) for p in plan.pairs)
     if not track:
-        return None, TrialSink(str(spec.output), {}, {}, total, progress)
+        return None, TrialSink(str(spec.output), {}, {}, total, progress, units)
+    from mmdtl2_dist.store.feature_store import FeatureStore
+    from mmdtl2_dist.study.tracking import class_names
+
+    names = class_names(FeatureStore.open(plan.pairs[0].store).metadata)
+    tcfg = tracker_config(spec, uri, names)
     tracker = _tracker(spec, uri)
     tags = {
         "split_seed": str(spec.seed),
@@ -701,8 +726,12 @@ def _tracking(
         "code_version": _code_version(),
         "study": spec.name,
     }
-    tracker.log_parent(params=_flat_params(spec), tags=tags, files=[spec.path] if spec.path else [])
-    return tracker, TrialSink(str(spec.output), tracker_config(spec, uri), tags, total, progress)
+    tracker.log_parent(
+        params={**_flat_params(spec), **{f"gram.{s}": g["key"] for s, g in provenance.items()}},
+        tags={**tags, **{f"gram_path.{s}": g["path"] for s, g in provenance.items()}},
+        files=[spec.path] if spec.path else [],
+    )
+    return tracker, TrialSink(str(spec.output), tcfg, tags, total, progress, units)
 
 
 _COST_RANK = {
@@ -730,7 +759,7 @@ def _run_trials(
     sink: TrialSink,
     *,
     max_trials: int | None,
-    progress: bool,
+    progress: bool | None,
 ) -> None:
     """Run the trials that have no result file yet on the executor.
 
@@ -746,7 +775,7 @@ def _run_trials(
     if not todo:
         return
     if len(missing) < len(trials):
-        _say(progress, f"study: {len(trials) - len(missing)} trials already done, kept")
+        say(progress, f"study: {len(trials) - len(missing)} trials already done, kept")
     executor.run(spec, str(plan_path), todo, sink)
 
 

@@ -15,6 +15,7 @@ per class, how splits are drawn, and where results go. Example (TOML)::
     target_space = "conv3"             # another space for heterogeneous features
     pairs = [["lucera", "elite"]]      # [source device, target device]; or "all"
     preprocessing = "l2_zscore"        # none | l2 | zscore | l2_zscore (per device)
+    gram_dir = "/shared/grams"         # optional; default <store>.grams beside the store
 
     [splits]
     protocol = "half"                  # half | group | fixed
@@ -46,7 +47,7 @@ from typing import Any
 import yaml
 
 from mmdtl2_dist.core.methods import DEFAULTS as CORE_DEFAULTS
-from mmdtl2_dist.core.preprocessing import PREPROCESSING
+from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
 from mmdtl2_dist.study.splits import PROTOCOLS
 
 #: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
@@ -176,6 +177,7 @@ class StudySpec:
     cpus_per_trial: float = 1.0
     split_tasks: int = 0
     max_concurrent_trials: int = 0
+    gram_dir: Path | None = None
     tracking_uri: str | None = None
     experiment: str | None = None
     reference_source: str | None = None
@@ -385,6 +387,24 @@ def _resolve(base: Path | None, p: str) -> Path:
     return q.resolve()
 
 
+def _gram_dir(base: Path | None, value: Any) -> Path | None:
+    """``[data] gram_dir``: the Gram folder (created when a Gram is first computed)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _err(
+            "data", f'gram_dir must be a folder path, e.g. gram_dir = "grams"; got {value!r}.'
+        )
+    folder = _resolve(base, value)
+    if folder.exists() and not folder.is_dir():
+        raise _err(
+            "data",
+            f"gram_dir {str(folder)!r} is a file, not a folder; point it at the folder that "
+            "holds the Grams (relative paths are read from the spec file's folder).",
+        )
+    return folder
+
+
 def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = None) -> StudySpec:
     """Validate a spec given as a dict (the parsed TOML/YAML).
 
@@ -437,6 +457,7 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
             "target_space",
             "space",
             "pairs",
+            "gram_dir",
         },
     )
     sources = [k for k in ("store", "builtin", "synthetic") if k in data]
@@ -466,9 +487,10 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
         synthetic = data["synthetic"]
         if not isinstance(synthetic, dict):
             raise _err("data", "synthetic must be a table of generator options.")
-    prep = data.get("preprocessing", "l2_zscore")
+    prep = data.get("preprocessing", DEFAULT_PREPROCESSING)
     if prep not in PREPROCESSING:
         raise _err("data", f"preprocessing must be one of {PREPROCESSING}, got {prep!r}.")
+    gram_dir = _gram_dir(base, data.get("gram_dir"))
     space = data.get("space")
     src_space = data.get("source_space", space)
     tgt_space = data.get("target_space", space if space is not None else src_space)
@@ -605,6 +627,7 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
         cpus_per_trial=float(cpus),
         split_tasks=split_tasks,
         max_concurrent_trials=max_conc,
+        gram_dir=gram_dir,
         tracking_uri=tr.get("uri"),
         experiment=tr.get("experiment"),
         reference_source=rep.get("reference_source"),

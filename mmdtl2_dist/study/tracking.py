@@ -25,6 +25,7 @@ import json
 import math
 import subprocess
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -62,16 +63,52 @@ def code_version() -> str:
         return version
 
 
-def _metric_key(s: str) -> str:
+def metric_key(s: str) -> str:
+    """``s`` as an MLflow metric name: ``->`` becomes ``_to_``, other symbols ``_``."""
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in s.replace("->", "_to_"))
+
+
+def class_names(metadata) -> dict[str, str]:
+    """``{str(label): class name}`` of the labelled rows of a feature store's metadata.
+
+    Per-class metrics are named after the class (``accuracy_class/back_pack``); a label
+    without a name keeps its number.
+    """
+    rows = metadata[metadata["label"] >= 0]
+    return {
+        str(int(label)): str(name)
+        for label, name in zip(rows["label"], rows["class_name"], strict=True)
+        if str(name)
+    }
+
+
+def class_metric_keys(labels, names: dict[str, str] | None) -> dict[str, str]:
+    """Metric key of each label's accuracy: the class name, sanitised for MLflow.
+
+    MLflow allows alphanumerics, ``_ - . /`` and spaces in metric names; other
+    characters become ``_``. Two classes whose names sanitise alike get their label
+    appended, so that no metric is overwritten.
+    """
+    names = names or {}
+    keys = {str(k): metric_key(names.get(str(k), str(k))) for k in labels}
+    counts = Counter(keys.values())
+    return {
+        k: f"accuracy_class/{v}" if counts[v] == 1 else f"accuracy_class/{v}_{k}"
+        for k, v in keys.items()
+    }
 
 
 def _finite(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def trial_metrics(payload: dict) -> list[tuple[str, float, int]]:
-    """Metrics of one trial as ``(key, value, step)`` triples (see the module docstring)."""
+def trial_metrics(
+    payload: dict, class_names: dict[str, str] | None = None
+) -> list[tuple[str, float, int]]:
+    """Metrics of one trial as ``(key, value, step)`` triples (see the module docstring).
+
+    ``class_names`` (:func:`class_names`) names the per-class metrics.
+    """
     units = payload["units"]
     acc = np.array([u["accuracy"] for u in units], dtype=float)
     out = [
@@ -81,11 +118,12 @@ def trial_metrics(payload: dict) -> list[tuple[str, float, int]]:
     ]
     for pair in dict.fromkeys(u["pair"] for u in units):
         a = [u["accuracy"] for u in units if u["pair"] == pair]
-        out.append((f"accuracy_pair/{_metric_key(pair)}", float(np.mean(a)), 0))
+        out.append((f"accuracy_pair/{metric_key(pair)}", float(np.mean(a)), 0))
     classes = sorted({k for u in units for k in u.get("per_class", {})}, key=str)
+    keys = class_metric_keys(classes, class_names)
     for k in classes:
         v = [u["per_class"][k] for u in units if k in u.get("per_class", {})]
-        out.append((f"accuracy_class/{_metric_key(str(k))}", float(np.mean(v)), 0))
+        out.append((keys[str(k)], float(np.mean(v)), 0))
     objectives = [u.get("info", {}).get("objective") for u in units]
     objectives = [o for o in objectives if isinstance(o, list) and o]
     if objectives:
@@ -137,6 +175,8 @@ class StudyTracker:
         Artifact root for a new experiment (``file://...``); ignored when it exists.
     study_name, spec_fingerprint : str
         Tags of the parent run.
+    class_names : dict, optional
+        ``{str(label): class name}`` for the per-class metric names (:func:`class_names`).
     """
 
     def __init__(
@@ -147,8 +187,10 @@ class StudyTracker:
         study_name: str,
         spec_fingerprint: str,
         artifact_location: str | None = None,
+        class_names: dict[str, str] | None = None,
     ):
         self.uri = tracking_uri
+        self.class_names = dict(class_names or {})
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -241,7 +283,9 @@ class StudyTracker:
         if payload.get("select"):
             params["select_grid"] = json.dumps(payload["select"], sort_keys=True)
         ts = 0
-        metrics = [Metric(k, v, ts, step) for k, v, step in trial_metrics(payload)]
+        metrics = [
+            Metric(k, v, ts, step) for k, v, step in trial_metrics(payload, self.class_names)
+        ]
         self.client.log_batch(rid, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         for i in range(0, len(metrics), 900):
             self.client.log_batch(rid, metrics=metrics[i : i + 900])

@@ -276,13 +276,20 @@ def _skada_unit(pair: PairPlan, rows: dict, blocks: Blocks, method: str, params:
     return skada_predict(method, params, Xs_all[s], blocks.ys, Xt_all[pool], masked, Xt_all[q])
 
 
-def run_units(plan_path: str, trial: dict, units: list[tuple[int, int]]) -> list[dict]:
-    """Evaluate the given (pair index, split index) units of a trial, in order."""
+def run_units(
+    plan_path: str, trial: dict, units: list[tuple[int, int]], on_unit=None
+) -> list[dict]:
+    """Evaluate the given (pair index, split index) units of a trial, in order.
+
+    ``on_unit(done, total)`` is called after each unit (progress reporting).
+    """
     plan = load_plan(plan_path)
     out = []
     for pi, si in units:
         pair = plan.pairs[pi]
         out.append(evaluate_unit(plan, pair, pair.splits[si], trial))
+        if on_unit is not None:
+            on_unit(len(out), len(units))
     return out
 
 
@@ -290,7 +297,7 @@ def all_units(plan: StudyPlan) -> list[tuple[int, int]]:
     return [(pi, si) for pi, p in enumerate(plan.pairs) for si in range(len(p.splits))]
 
 
-def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0) -> dict:
+def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0, on_unit=None) -> dict:
     """Evaluate a trial over every unit; return its payload (what is reported and logged).
 
     Parameters
@@ -304,6 +311,9 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0) -> dict:
         ``k + 1`` shares; ``k`` Ray tasks of one CPU each (in the trial's placement group)
         take one share each while this process works through the last one, so a single
         trial keeps ``k + 1`` CPUs busy.
+    on_unit : callable, optional
+        ``on_unit(done, total)`` after each unit this process evaluates (its own share:
+        the shares are dealt round-robin, so its fraction done stands for the trial's).
 
     Returns
     -------
@@ -320,10 +330,10 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0) -> dict:
         remote = ray.remote(num_cpus=1, max_retries=2)(run_units)
         shares = [units[i :: split_tasks + 1] for i in range(split_tasks + 1)]
         refs = [remote.remote(plan_path, trial, c) for c in shares[:-1] if c]
-        results = run_units(plan_path, trial, shares[-1])
+        results = run_units(plan_path, trial, shares[-1], on_unit)
         results += [r for part in ray.get(refs) for r in part]
     else:
-        results = run_units(plan_path, trial, units)
+        results = run_units(plan_path, trial, units, on_unit)
     timing = {
         "wall_s": time.perf_counter() - t0,
         "t_start": t_start,
@@ -367,12 +377,29 @@ def trial_payload(plan: StudyPlan, trial: dict, results: list[dict], timing: dic
     }
 
 
+#: Least seconds between a trial's progress reports (each one waits for the driver).
+PROGRESS_REPORT_S = 10.0
+
+
 def tune_trainable(config: dict) -> None:
-    """The Ray Tune function trainable: evaluate the trial, report once."""
+    """The Ray Tune function trainable: evaluate the trial, report its result.
+
+    While it runs, the trial also reports ``trial_progress`` (the fraction of its units
+    done), for the driver's progress line: after its first unit (an early rate for the
+    ETA), then at most every :data:`PROGRESS_REPORT_S` seconds.
+    """
     from ray import tune
 
+    last = [time.monotonic()]
+
+    def report_progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and (done == 1 or now - last[0] >= PROGRESS_REPORT_S):
+            last[0] = now
+            tune.report({"trial_progress": done / total})
+
     payload = evaluate_trial(
-        config["plan_path"], config["trial"], int(config.get("split_tasks", 0))
+        config["plan_path"], config["trial"], int(config.get("split_tasks", 0)), report_progress
     )
     tune.report(
         {

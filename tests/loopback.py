@@ -6,9 +6,9 @@ that node started (its raylet, agents and workers), never other Ray clusters run
 the same machine. Token authentication is on, with a fresh token passed to the nodes in
 ``RAY_AUTH_TOKEN`` (``~/.ray/auth_token`` is left alone).
 
-It serves the tests of the cluster workflow and anyone who wants to try
-``mmdtl2 submit`` without a real cluster. The ``ray start`` arguments it adds to the
-documented ones (``--block``, ``--temp-dir`` and explicit ports) only keep several
+A test fixture of the cluster workflow (``tests/test_cluster_loopback.py``,
+``tests/test_submit.py``), not part of the package. The ``ray start`` arguments it adds
+to the documented ones (``--block``, ``--temp-dir`` and explicit ports) only keep several
 nodes apart on one host.
 """
 
@@ -50,11 +50,15 @@ def free_ports(n: int) -> list[int]:
 
 
 def head_command(port: int, dashboard_port: int, num_cpus: int) -> list[str]:
-    """The documented command that starts a head node (see docs/run_on_a_cluster.md)."""
+    """The documented command that starts a head node (see docs/run_on_a_cluster.md).
+
+    The dashboard (and with it the Jobs API) listens on the head's loopback interface
+    only: clients reach it through an SSH or ``kubectl`` port-forward.
+    """
     return [
         "ray", "start", "--head",
         f"--port={port}",
-        "--dashboard-host=0.0.0.0",
+        "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard_port}",
         f"--num-cpus={num_cpus}",
     ]  # fmt: skip
@@ -63,6 +67,22 @@ def head_command(port: int, dashboard_port: int, num_cpus: int) -> list[str]:
 def worker_command(head_address: str, num_cpus: int) -> list[str]:
     """The documented command that adds a worker node (see docs/run_on_a_cluster.md)."""
     return ["ray", "start", f"--address={head_address}", f"--num-cpus={num_cpus}"]
+
+
+def mlflow_server_command(shared: str | Path, port: int | str) -> list[str]:
+    """The documented MLflow tracking server (docs/deploy.md, docs/run_on_a_cluster.md).
+
+    MLflow's basic-auth app on the loopback interface: the study's driver runs on the same
+    machine, and other machines go through a port-forward or an authenticating TLS proxy.
+    Its configuration is ``MLFLOW_AUTH_CONFIG_PATH`` (``cluster/mlflow-auth.ini``).
+    """
+    return [
+        "mlflow", "server", "--app-name=basic-auth",
+        f"--backend-store-uri=sqlite:///{shared}/mlflow.db",
+        f"--artifacts-destination={shared}/mlartifacts",
+        "--host=127.0.0.1",
+        f"--port={port}",
+    ]  # fmt: skip
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""``mmdtl2 serve``: serve a registered adapter over HTTP with request limits.
+
+Example
+-------
+On loopback, two workers, requests up to 32 MB::
+
+    mmdtl2 serve --model models:/polyp-adapter@champion --port 5001
+
+Then ``curl -s http://127.0.0.1:5001/invocations -H 'Content-Type: application/json'
+-d '{"inputs": [[...]]}'``. What is accepted and refused: :mod:`mmdtl2_dist.deploy.serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def run(args: argparse.Namespace) -> int:
+    from mmdtl2_dist.deploy.serve import serve
+
+    serve(
+        args.model,
+        tracking_uri=args.tracking_uri,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        max_bytes=int(args.max_request_mb * 2**20),
+        max_rows=args.max_rows,
+        timeout=args.timeout,
+        limit_concurrency=args.limit_concurrency,
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a registered adapter over HTTP (loopback by default, with request limits)",
+        description=(
+            "Serve an adapter logged by `mmdtl2 register` with MLflow's scoring app: "
+            'POST /invocations takes JSON rows of raw target features ({"inputs": [[...]]} '
+            "or dataframe_split) and answers classes and scores; /ping and /health answer "
+            "when the model is loaded. Requests over --max-request-mb or --max-rows get 413, "
+            "values that "
+            "are not numbers (strings, booleans) or a wrong feature count 400, scoring over "
+            "--timeout seconds 504."
+        ),
+        epilog=(
+            "example:\n"
+            "  mmdtl2 serve --model models:/office-adapter@champion --port 5001\n"
+            "Bind to another address than 127.0.0.1 only behind a proxy that authenticates "
+            "clients (docs/deploy.md, 'Serve')."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="model URI, e.g. models:/NAME@champion")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("-p", "--port", type=int, default=5001, help="port (default 5001)")
+    p.add_argument(
+        "--workers", type=int, default=2, help="server processes, each with the model (default 2)"
+    )
+    p.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=32.0,
+        help="largest request body in MiB (default 32: about 25 rows of 64,896 features)",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=10_000,
+        help="most rows (samples) in one request (default 10,000)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to receive and score one request (default 60)",
+    )
+    p.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=8,
+        help="open connections per worker before 503 (default 8)",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking/registry URI (default: MLFLOW_TRACKING_URI)",
+    )
+    p.set_defaults(func=run)

@@ -1,0 +1,506 @@
+r"""Transductive prior transforms ``W0`` learned from unlabelled samples, on Gram matrices.
+
+A prior enters MMDTL2's alternation only through the prior-mapped targets
+``u_m = W0 x̂_m`` of the labelled target samples and ``u(x) = W0 x`` of the samples to
+score, and only through their inner products with the source samples and with each other
+(:mod:`mmdtl2_dist.core.mmdtl2`, "Everything on Gram matrices"). Those four Gram blocks are
+what ``prior="matrix"`` of :func:`mmdtl2_dist.core.methods.fit_predict` takes
+(``Ksu``, ``Kuu``, ``Ksuq``, ``Kuuq`` of :class:`~mmdtl2_dist.core.methods.GramProblem`),
+so every prior here runs through the existing alternation unchanged, with its mixing weight
+``prior_weight`` ``μ`` (``u = μ W0 x``).
+
+The pool and the one form every prior takes
+-------------------------------------------
+The statistics come from a **pool** of samples of both devices in one feature space of
+dimension ``L``: ``Ys`` (``ns`` source samples, rows) and ``Yt`` (``nt`` target samples:
+the labelled ones, the unlabelled ones and, transductively, the samples to be scored), in
+``Y = [Ys; Yt]`` (``p = ns + nt`` rows). Its linear Gram ``Kyy = Y Yᵀ`` has the blocks
+``Kss``, ``Kst``, ``Ktt`` (:class:`SamplePool`). No label is used. Every prior below is
+
+.. math::
+
+    W_0 = a I + Y^\top L\, T\, Y, \qquad
+    u(x) = a x + Y^\top L\, c(x), \quad c(x) = T\, k_Y(x), \quad k_Y(x) = Y x,
+
+with a scalar ``a``, ``L`` (p, r) and ``T`` (r, p) (:class:`PoolMap`): the map of a target
+sample needs only its Gram column ``k_Y(x)`` against the pool (for a pool member, a column
+of ``Kyy``; for a new sample, a column the Gram engine computes). With ``KyL = Kyy L`` and
+``G = Lᵀ Kyy L`` the blocks are, for a source sample ``x_i`` and target samples ``x_j``,
+``x_j'`` (pool rows ``i``, ``j``, ``j'``),
+
+.. math::
+
+    x_i^\top u_j = a K_{ij} + (K L)_{i\cdot} c_j, \qquad
+    u_j^\top u_{j'} = a^2 K_{jj'} + a (KL)_{j\cdot} c_{j'} + a\, c_j^\top (KL)_{j'\cdot}^\top
+        + c_j^\top G\, c_{j'},
+
+all ``O(p² r)`` after the Gram; nothing of size ``L`` is formed.
+
+PCA bases from Gram blocks (linear-kernel kernel PCA)
+-----------------------------------------------------
+For samples ``X`` (n, L) with Gram ``K = X Xᵀ`` and the centring ``H = I − 11ᵀ/n``, let
+``H K H = V Λ Vᵀ`` (top ``d`` eigenpairs). The principal axes are the right singular vectors
+of ``H X``: ``P = Xᵀ A`` with ``A = H V Λ^{-1/2}`` (n, d), and ``PᵀP = Λ^{-1/2} Vᵀ H K H V
+Λ^{-1/2} = I_d``. The coordinates of any sample in that basis are ``Pᵀ x = Aᵀ (X x)``: Gram
+rows again. Uncentred PCA (``center=False``) drops ``H``. :func:`pca_basis`
+computes ``A``.
+
+**Centring.** The bases are computed from the centred Gram (``center=True``, the
+default), as PCA, subspace alignment and Hoffman et al.'s code do, so they describe the
+spread of each device's samples rather than their mean; the map is then applied to the
+samples as they are, not re-centred, again as those codes do (a re-centring would make
+``W0`` affine). With this product's preprocessing the difference is small: the z-score
+statistics are per device over all its samples, so each device's samples are already
+centred when the pool holds all of them.
+
+1. Subspace alignment (Fernando et al., ICCV 2013)
+---------------------------------------------------
+``Ps`` (L, d) and ``Pt`` (L, d) are the PCA bases of the source and of the target samples
+(each centred by its own mean). SA aligns the source basis to the target one with
+``M = argmin ‖Ps M − Pt‖_F = PsᵀPt`` and compares a source sample ``y_s`` with a target
+sample ``y_t`` by ``Sim(y_s, y_t) = y_sᵀ Ps M Ptᵀ y_t`` (the paper's similarity
+``y_s X_S X_Sᵀ X_T X_Tᵀ y_tᵀ``): source coordinates ``Psᵀ y_s`` aligned by ``Mᵀ`` against
+target coordinates ``Ptᵀ y_t``. As a map of target features into the source space,
+the one whose source-space inner products are SA's similarities is therefore
+
+.. math::
+
+    W_0 = P_s M P_t^\top = P_s P_s^\top P_t P_t^\top, \qquad
+    u(x) = P_s\, M\, (P_t^\top x),
+
+the target coordinates carried into source coordinates by ``M`` and embedded with the
+source basis. It is the product of the two orthogonal projectors, so it does not depend
+on the signs or the rotation within a repeated eigenvalue of the PCA bases. The simpler
+``Ps Ptᵀ`` (target coordinates read as source coordinates) does: flipping the sign of one
+target axis flips part of the map, so it is not a well-defined map at all, and ``M`` is
+exactly what removes that ambiguity. In pool form (``A_s``, ``A_t`` from the centred
+``Kss``, ``Ktt``):
+
+.. math::
+
+    M = A_s^\top K_{st} A_t, \quad a = 0, \quad L = [A_s; 0], \quad T = [0,\ M A_t^\top].
+
+(``M`` is SA's alignment matrix, not the number of labelled targets.) Here
+``G = A_sᵀ Kss A_s = I_d`` (centred or not, since ``A_s`` is built from the Gram it is
+applied to). Cost: two top-``d`` eigendecompositions, ``O(ns³ + nt³)`` with LAPACK's
+subset solver (it still tridiagonalises), then ``O(p² d)`` products; a device's basis
+depends only on its pool, so it is computed once for every split and ``d``
+(:class:`PCABasis`). ``d ≤ min(ns, nt) − 1`` (the rank of a centred Gram).
+
+1b. Subspace alignment with the identity outside the subspaces
+---------------------------------------------------------------
+SA's ``W0`` has rank ``d``: every direction outside the two subspaces is dropped, which
+is the wrong prior for two devices that differ little, where the identity is right.
+``complement=True`` (a variant of this product, not in the SA paper) keeps SA inside the
+subspaces and the identity between their complements, with ``Πs = Ps Psᵀ``,
+``Πt = Pt Ptᵀ``:
+
+.. math::
+
+    W_0 = Π_s Π_t + (I - Π_s)(I - Π_t) = I - Π_s - Π_t + 2\, Π_s Π_t,
+
+which is ``I`` when the subspaces coincide. In pool form
+``a = 1``, ``L = [[A_s, 0], [0, A_t]]``, ``T = [[−A_sᵀ, 2 M A_tᵀ], [0, −A_tᵀ]]``.
+
+2. Shared PCA (Hoffman et al.'s code)
+-------------------------------------
+One PCA over the whole pool, centred by the pool mean (what the reference code's
+``princomp`` over the source, target training and target test samples does), basis
+``P = Yᵀ A`` with ``A`` from the centred ``Kyy``. As a prior map in one feature space,
+``W0 = P Pᵀ`` (the orthogonal projection on the shared subspace; Hoffman's code instead
+replaces the features by the coordinates ``Pᵀ x`` and uses ``W0 = I`` there, which also
+changes the source SVM's space):
+
+.. math::
+
+    a = 0, \quad L = A, \quad T = A^\top .
+
+Cost ``O(p³)`` for the eigendecomposition of the pool Gram, ``O(p² d)`` products;
+``d ≤ p − 1``.
+
+3. CORAL (Sun et al., AAAI 2016) as a map
+-----------------------------------------
+CORAL whitens the source with ``Cs^{-1/2}`` and re-colours it with ``Ct^{1/2}``, where
+``C = cov + λI`` (the paper's ``cov(D) + eye``, ``λ = 1``; ``cov`` normalised by ``n − 1``
+as MATLAB's). Mapping the target into the source space is the reverse,
+``W0 = Cs^{1/2} Ct^{-1/2}`` (both symmetric).
+
+Gram form without any L × L matrix. With ``A = H V Λ^{-1/2}`` over *all* non-zero
+eigenpairs of the centred Gram (rank ``r ≤ n − 1``), ``U = Xᵀ A`` is an orthonormal basis
+of the centred samples' span and ``cov = U Σ Uᵀ``, ``Σ = Λ / (n − 1)`` (the thin SVD of
+the centred samples). A spectral function of ``C = λI + U Σ Uᵀ`` is then
+``f(C) = f(λ)(I − UUᵀ) + U f(λ + Σ) Uᵀ``, so
+
+.. math::
+
+    C_s^{1/2} = \sqrt{λ}\,(I + U_s E_s U_s^\top),\quad E_s = \sqrt{1 + Σ_s/λ} - 1, \qquad
+    C_t^{-1/2} = \tfrac{1}{\sqrt{λ}}(I + U_t D_t U_t^\top),\quad D_t = (1 + Σ_t/λ)^{-1/2} - 1,
+
+and the ``√λ`` cancel in the product:
+
+.. math::
+
+    W_0 = I + U_t D_t U_t^\top + U_s E_s U_s^\top + U_s E_s (U_s^\top U_t) D_t U_t^\top,
+
+that is, with ``M = A_sᵀ Kst A_t = U_sᵀ U_t``,
+
+.. math::
+
+    a = 1, \quad L = \begin{bmatrix} A_s & 0 \\ 0 & A_t \end{bmatrix}, \quad
+    T = \begin{bmatrix} E_s A_s^\top & E_s M D_t A_t^\top \\ 0 & D_t A_t^\top \end{bmatrix}.
+
+Outside the two sample spans ``W0`` is the identity. Cost: the Grams (``O(p² L)``, done
+once by the engine), two full eigendecompositions ``O(ns³ + nt³)`` and ``O(p² r)``
+products, ``O(p²)`` memory, against ``O(L³)`` time and ``O(L²)`` memory for the
+covariances at the feature dimension (34 GB per matrix at 64,896-d). The limit is the
+pool size: with ``n ≳ L`` the feature form is the cheaper one, and a pool of ~10⁴⁺
+unlabelled samples needs a subsample or a truncated (top-``r``) decomposition, which
+turns the map into CORAL on the retained directions (an approximation not offered here).
+Eigenvalues below ``EIG_RTOL`` of the largest are dropped: their ``E``, ``D`` are
+``O(σ/λ)``, so the map changes by that much at most.
+
+Every prior is checked against the same computation done with explicit bases and
+matrices in feature space (``tests/test_priors.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import scipy.linalg as sla
+
+from mmdtl2_dist.core.methods import GramProblem
+
+EIG_RTOL = 1e-12  # eigenvalues of a centred Gram below this fraction of the largest are zeros
+
+
+@dataclass(frozen=True)
+class PriorBlocks:
+    """Gram blocks of the prior-mapped targets ``u = W0 x`` (``prior="matrix"``).
+
+    ``Ksu`` (N, M) source × mapped labelled targets, ``Kuu`` (M, M), ``Ksuq`` (N, Q)
+    source × mapped test samples, ``Kuuq`` (M, Q): the fields of
+    :class:`~mmdtl2_dist.core.methods.GramProblem` of the same names.
+    """
+
+    Ksu: np.ndarray
+    Kuu: np.ndarray
+    Ksuq: np.ndarray
+    Kuuq: np.ndarray
+
+    def as_dict(self) -> dict:
+        return {"Ksu": self.Ksu, "Kuu": self.Kuu, "Ksuq": self.Ksuq, "Kuuq": self.Kuuq}
+
+
+@dataclass(frozen=True)
+class SamplePool:
+    """Linear Grams of every sample a prior learns from, both devices in one feature space.
+
+    Attributes
+    ----------
+    Kss : ndarray (ns, ns)
+        Source pool × source pool (labelled source samples and any unlabelled ones).
+    Ktt : ndarray (nt, nt)
+        Target pool × target pool (labelled, unlabelled and the samples to score).
+    Kst : ndarray (ns, nt)
+        Source pool × target pool.
+    source_train, target_train, target_test : ndarray of int
+        Rows of the source pool that train the classifier (N), rows of the target pool
+        that are labelled (M) and rows to score (Q). The test rows may be unlabelled pool
+        samples (the transductive protocol); no label of the pool is ever read.
+    """
+
+    Kss: np.ndarray
+    Ktt: np.ndarray
+    Kst: np.ndarray
+    source_train: np.ndarray
+    target_train: np.ndarray
+    target_test: np.ndarray
+
+    @cached_property
+    def Kyy(self) -> np.ndarray:
+        """The whole pool's Gram ``[[Kss, Kst], [Kstᵀ, Ktt]]`` (p, p), formed once."""
+        return np.block([[self.Kss, self.Kst], [self.Kst.T, self.Ktt]])
+
+    def validate(self) -> None:
+        """Check shapes, finiteness and index ranges; raise ValueError naming the fix."""
+        if self.Kst is None:
+            raise ValueError(
+                "transductive priors need source and target in one feature space (the cross "
+                "Gram Kst); for different feature spaces use prior='zero' or a map W0."
+            )
+        ns, nt = self.Kss.shape[0], self.Ktt.shape[0]
+        for name, arr, shape in (
+            ("Kss", self.Kss, (ns, ns)),
+            ("Ktt", self.Ktt, (nt, nt)),
+            ("Kst", self.Kst, (ns, nt)),
+        ):
+            if arr.shape != shape:
+                raise ValueError(f"SamplePool.{name} has shape {arr.shape}, expected {shape}.")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"SamplePool.{name} contains NaN or Inf; recompute the Gram.")
+        for name, n in (("source_train", ns), ("target_train", nt), ("target_test", nt)):
+            ix = np.asarray(getattr(self, name))
+            if ix.ndim != 1 or ix.dtype.kind not in "iu" or np.any((ix < 0) | (ix >= n)):
+                raise ValueError(
+                    f"SamplePool.{name} must be a 1-d array of row indices in 0..{n - 1}."
+                )
+
+    def problem(self, ys, yt, prior: PriorBlocks | None = None) -> GramProblem:
+        """The :class:`GramProblem` of the split, with the prior's blocks if given."""
+        s, lab, q = self.source_train, self.target_train, self.target_test
+        return GramProblem(
+            ys=np.asarray(ys),
+            yt=np.asarray(yt),
+            Kss=self.Kss[np.ix_(s, s)],
+            Ktt=self.Ktt[np.ix_(lab, lab)],
+            Ktq=self.Ktt[np.ix_(lab, q)],
+            sq_q=np.diag(self.Ktt)[q].copy(),
+            Kst=self.Kst[np.ix_(s, lab)],
+            Ksq=self.Kst[np.ix_(s, q)],
+            Kqq=self.Ktt[np.ix_(q, q)],
+            **({} if prior is None else prior.as_dict()),
+        )
+
+
+@dataclass(frozen=True)
+class PoolMap:
+    """A prior ``W0 = a I + Yᵀ L T Y`` over the pool ``Y = [Ys; Yt]``.
+
+    Attributes
+    ----------
+    a : float
+        Weight of the identity part.
+    L : ndarray (p, r)
+        Pool coefficients of the ``r`` vectors the map's output is built from.
+    T : ndarray (r, p)
+        Coordinates ``c(x) = T (Y x)`` of a target sample from its Gram column.
+    """
+
+    a: float
+    L: np.ndarray
+    T: np.ndarray
+
+    def blocks(self, pool: SamplePool) -> PriorBlocks:
+        """The four prior blocks of the split's source and target rows (module docstring)."""
+        Kyy = pool.Kyy
+        ns = pool.Kss.shape[0]
+        s = pool.source_train
+        lab, q = ns + pool.target_train, ns + pool.target_test
+        KyL = Kyy @ self.L
+        G = self.L.T @ KyL
+        C_l, C_q = self.T @ Kyy[:, lab], self.T @ Kyy[:, q]
+        a = self.a
+        Ksu = a * Kyy[np.ix_(s, lab)] + KyL[s] @ C_l
+        Ksuq = a * Kyy[np.ix_(s, q)] + KyL[s] @ C_q
+        Kuu = self._mapped_gram(Kyy, KyL, G, lab, lab, C_l, C_l)
+        Kuuq = self._mapped_gram(Kyy, KyL, G, lab, q, C_l, C_q)
+        return PriorBlocks(Ksu, 0.5 * (Kuu + Kuu.T), Ksuq, Kuuq)
+
+    def _mapped_gram(self, Kyy, KyL, G, rows, cols, C_r, C_c) -> np.ndarray:
+        """``u_jᵀ u_j'`` for pool rows ``rows`` × ``cols`` with coordinates ``C_r``, ``C_c``."""
+        a = self.a
+        out = C_r.T @ G @ C_c
+        if a != 0.0:
+            out += a * a * Kyy[np.ix_(rows, cols)] + a * (KyL[rows] @ C_c + C_r.T @ KyL[cols].T)
+        return out
+
+
+def centred_gram(K: np.ndarray) -> np.ndarray:
+    """``H K H`` with ``H = I − 11ᵀ/n``: the Gram of the samples minus their mean."""
+    Kc = K - K.mean(axis=0, keepdims=True)
+    Kc = Kc - Kc.mean(axis=1, keepdims=True)
+    return 0.5 * (Kc + Kc.T)
+
+
+@dataclass(frozen=True)
+class PCABasis:
+    """The PCA basis ``P = Xᵀ A`` of one set of samples, from their Gram ``K = X Xᵀ``.
+
+    Attributes
+    ----------
+    A : ndarray (n, r)
+        Coefficients, ``A = H V Λ^{-1/2}`` (``H`` dropped when not centred), ``PᵀP = I``.
+    lam : ndarray (r,)
+        Eigenvalues ``Λ`` of the (centred) Gram, descending.
+    center : bool
+        Whether the Gram was centred.
+    complete : bool
+        Whether every eigenpair above ``EIG_RTOL`` is kept (CORAL needs them all).
+
+    A basis depends only on its samples, so one computed for the largest ``d`` serves
+    every smaller one (the top eigenpairs are nested) and a device's basis can be computed
+    once for all the splits that share its pool.
+    """
+
+    A: np.ndarray
+    lam: np.ndarray
+    center: bool
+    complete: bool
+
+    def top(self, d: int, n: int, what: str) -> np.ndarray:
+        """``A`` of the top ``d`` axes, checked against ``n`` samples named ``what``."""
+        if self.A.shape[0] != n:
+            raise ValueError(
+                f"the {what}' PCA basis has {self.A.shape[0]} rows but the pool has {n} "
+                f"{what}; compute it with pca_basis from the pool's own Gram."
+            )
+        if d > self.A.shape[1]:
+            raise ValueError(
+                f"d={d} exceeds the {self.A.shape[1]} axes of the {what}' PCA basis; compute "
+                "the basis with at least d axes (pca_basis(K, d)) or lower d."
+            )
+        return self.A[:, :d]
+
+
+def pca_basis(
+    K: np.ndarray, d: int | None = None, *, center: bool = True, what: str = "samples"
+) -> PCABasis:
+    """The top-``d`` PCA basis of the samples of Gram ``K`` (module docstring).
+
+    ``d is None`` keeps every eigenpair above ``EIG_RTOL`` of the largest.
+
+    Raises
+    ------
+    ValueError
+        If ``d`` exceeds the rank of the (centred) samples, naming ``what`` they are.
+    """
+    n = K.shape[0]
+    Kc = centred_gram(K) if center else 0.5 * (K + K.T)
+    max_rank = n - 1 if center else n
+    if d is not None and not 1 <= d <= max_rank:
+        raise ValueError(
+            f"d={d} needs 1 <= d <= {max_rank} ({n} {what}{', centred' if center else ''}); "
+            "lower d or add unlabelled samples to the pool."
+        )
+    lam, V = sla.eigh(Kc, subset_by_index=None if d is None else [n - d, n - 1])
+    top = max(float(lam[-1]), 0.0) if lam.size else 0.0
+    keep = lam > EIG_RTOL * top
+    if d is not None and not np.all(keep):
+        raise ValueError(
+            f"d={d} exceeds the rank of the {what} ({int(keep.sum())} non-zero eigenvalues "
+            f"of {'the centred' if center else 'their'} Gram); lower d."
+        )
+    lam, V = lam[keep][::-1], V[:, keep][:, ::-1]
+    if center:
+        V = V - V.mean(axis=0, keepdims=True)  # H V: exact orthogonality to the mean
+    return PCABasis(V / np.sqrt(lam), lam, center, d is None)
+
+
+def _basis(given, K, d, center, what) -> np.ndarray:
+    """The top-``d`` coefficients of ``given``, or of a basis computed from ``K``."""
+    if given is None:
+        return pca_basis(K, d, center=center, what=what).A
+    if given.center != center:
+        raise ValueError(
+            f"the {what}' PCA basis was computed with center={given.center}, the prior asks "
+            f"for center={center}; compute it with the same centring."
+        )
+    return given.top(d, K.shape[0], what)
+
+
+def _complete_basis(given, K, what) -> tuple[np.ndarray, np.ndarray]:
+    """``(A, Λ)`` of the complete centred basis ``given``, or of one computed from ``K``."""
+    if given is None:
+        given = pca_basis(K, what=what)
+    elif not (given.complete and given.center):
+        raise ValueError(
+            f"CORAL needs the complete centred PCA basis of the {what} (pca_basis(K)); "
+            "the one given was truncated or uncentred."
+        )
+    return given.top(given.A.shape[1], K.shape[0], what), given.lam
+
+
+def subspace_alignment_map(
+    pool: SamplePool,
+    d: int,
+    *,
+    center: bool = True,
+    source_basis: PCABasis | None = None,
+    target_basis: PCABasis | None = None,
+    complement: bool = False,
+) -> PoolMap:
+    """Subspace alignment's ``W0 = Ps (PsᵀPt) Ptᵀ`` on ``d``-dim PCA bases (module docstring).
+
+    ``source_basis``, ``target_basis``: bases of the pool's source and target samples
+    (:func:`pca_basis` of ``Kss``, ``Ktt``) with at least ``d`` axes, computed once and
+    reused; by default computed here. ``complement=True`` adds the identity outside the
+    subspaces, ``W0 = Πs Πt + (I − Πs)(I − Πt)`` (module docstring, 1b).
+    """
+    pool.validate()
+    A_s = _basis(source_basis, pool.Kss, d, center, "source samples")
+    A_t = _basis(target_basis, pool.Ktt, d, center, "target samples")
+    ns, nt = A_s.shape[0], A_t.shape[0]
+    M = A_s.T @ pool.Kst @ A_t
+    if complement:  # I − Πs − Πt + 2 Πs Πt
+        T = np.block([[-A_s.T, 2.0 * M @ A_t.T], [np.zeros((d, ns)), -A_t.T]])
+        return PoolMap(1.0, sla.block_diag(A_s, A_t), T)
+    L = np.vstack([A_s, np.zeros((nt, d))])
+    T = np.hstack([np.zeros((d, ns)), M @ A_t.T])
+    return PoolMap(0.0, L, T)
+
+
+def shared_pca_map(
+    pool: SamplePool, d: int, *, center: bool = True, basis: PCABasis | None = None
+) -> PoolMap:
+    """The projection ``W0 = P Pᵀ`` on the ``d``-dim PCA subspace of the whole pool.
+
+    ``basis``: :func:`pca_basis` of the pool's ``Kyy`` with at least ``d`` axes, if known.
+    """
+    pool.validate()
+    A = _basis(basis, pool.Kyy, d, center, "pool samples")
+    return PoolMap(0.0, A, A.T)
+
+
+def coral_map(
+    pool: SamplePool,
+    reg: float = 1.0,
+    *,
+    source_basis: PCABasis | None = None,
+    target_basis: PCABasis | None = None,
+) -> PoolMap:
+    """CORAL's ``W0 = Cs^{1/2} Ct^{-1/2}``, ``C = cov + reg·I`` (module docstring).
+
+    ``source_basis``, ``target_basis``: complete centred bases of ``Kss``, ``Ktt``
+    (``pca_basis(K)``), if known.
+    """
+    pool.validate()
+    if not (np.isfinite(reg) and reg > 0):
+        raise ValueError(f"reg must be a positive finite number (CORAL uses 1), got {reg!r}.")
+    ns, nt = pool.Kss.shape[0], pool.Ktt.shape[0]
+    if min(ns, nt) < 2:
+        raise ValueError(
+            f"CORAL needs at least 2 samples of each device for a covariance; the pool has "
+            f"{ns} source and {nt} target samples. Add unlabelled samples to the pool."
+        )
+    A_s, lam_s = _complete_basis(source_basis, pool.Kss, "source samples")
+    A_t, lam_t = _complete_basis(target_basis, pool.Ktt, "target samples")
+    E_s = np.sqrt(1.0 + lam_s / ((ns - 1) * reg)) - 1.0
+    D_t = 1.0 / np.sqrt(1.0 + lam_t / ((nt - 1) * reg)) - 1.0
+    M = A_s.T @ pool.Kst @ A_t
+    L = sla.block_diag(A_s, A_t)
+    T = np.block(
+        [
+            [E_s[:, None] * A_s.T, (E_s[:, None] * M * D_t) @ A_t.T],
+            [np.zeros((len(lam_t), ns)), D_t[:, None] * A_t.T],
+        ]
+    )
+    return PoolMap(1.0, L, T)
+
+
+PRIOR_MAPS = {"sa": subspace_alignment_map, "shared_pca": shared_pca_map, "coral": coral_map}
+
+
+def transductive_prior(pool: SamplePool, name: str, **params) -> PriorBlocks:
+    """The ``prior="matrix"`` blocks of the prior ``name`` learned from ``pool``.
+
+    ``name`` is ``"sa"``, ``"shared_pca"`` or ``"coral"``; ``params`` go to the map's
+    function (:func:`subspace_alignment_map`: ``d``, ``center``, the bases;
+    :func:`shared_pca_map`: ``d``, ``center``, ``basis``; :func:`coral_map`: ``reg``, the
+    bases).
+    """
+    if name not in PRIOR_MAPS:
+        raise ValueError(f"unknown transductive prior {name!r}; choose one of {list(PRIOR_MAPS)}.")
+    return PRIOR_MAPS[name](pool, **params).blocks(pool)
