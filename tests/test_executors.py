@@ -234,3 +234,23 @@ def test_killed_driver_leaves_no_local_worker(tmp_path):
     proc.wait()
     _, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--executor", "local", "--address", "auto"],
+            "--address auto names a Ray cluster, and the local executor runs without Ray; "
+            "add --executor ray, or leave out --address.",
+        ),
+        (["--num-cpus", "0"], "--num-cpus must be at least 1, got 0."),
+    ],
+)
+def test_local_executor_refuses_a_ray_address(tmp_path, capsys, args, message):
+    from mmdtl2_dist.cli import main
+
+    out = tmp_path / "out"
+    assert main(["study", "run", str(_spec(tmp_path)), "--output", str(out), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
