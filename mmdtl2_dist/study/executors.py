@@ -2,8 +2,8 @@
 
 The runner (:mod:`mmdtl2_dist.study.runner`) prepares the data, the Grams and the plan,
 then gives an executor the trials that have no result yet and a :class:`TrialSink`; the
-executor evaluates every (trial, pair, split) unit with :func:`~mmdtl2_dist.study.trial.
-run_units` and hands each finished trial's payload
+executor evaluates every (trial, pair, split) unit with
+:func:`~mmdtl2_dist.study.trial.run_units` and hands each finished trial's payload
 (:func:`~mmdtl2_dist.study.trial.trial_payload`) to the sink, which writes
 ``<output>/results/<key>.json`` and the trial's MLflow run. Result files, MLflow runs,
 resume, report and exit codes are therefore the same whichever executor ran the trials,
