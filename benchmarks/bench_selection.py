@@ -38,11 +38,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from office_splits import SHIFTS, domain_features, split_problem  # benchmarks/ on sys.path
 from threadpoolctl import threadpool_limits
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
 from mmdtl2_dist.core.selection import PRIOR_WEIGHT_GRID, choose, select_by_cv
-from mmdtl2_dist.office import SHIFTS, _domain_gram, split_problem
 
 SEEDS = {"dev": 2027, "fresh": 2026}
 GRIDS = {
@@ -108,8 +108,8 @@ def random_split_rows(ys_all, yt_all, source: str, target: str, k: int, seed: in
 
 def random_split(source: str, target: str, k: int, seed: int):
     """The :class:`GramProblem` of :func:`random_split_rows`'s split, and the test labels."""
-    Xs_all, ys_all = _domain_gram(source, "l2_zscore")
-    Xt_all, yt_all = _domain_gram(target, "l2_zscore")
+    Xs_all, ys_all = domain_features(source, "l2_zscore")
+    Xt_all, yt_all = domain_features(target, "l2_zscore")
     src, lab, test = random_split_rows(ys_all, yt_all, source, target, k, seed)
     prob = GramProblem.from_features(
         Xs_all[src], ys_all[src], Xt_all[lab], yt_all[lab], Xt_all[test]

@@ -3,14 +3,18 @@
     python benchmarks/bench_study.py office      # 12 shifts x 20 splits x all methods
     python benchmarks/bench_study.py synthetic   # 734 + 279 samples, 64,896-d, 10 x 12
 
-Each runs the real study end to end (``run_study``: data, Grams, Ray Tune trials, MLflow
-on SQLite, report) in a fresh folder on a local Ray with ``--num-cpus`` CPUs, and prints
-and writes (``benchmarks/results/study_<which>.json``):
+    python benchmarks/bench_study.py office --executor local   # worker processes, no Ray
 
-- the total wall time and its stages: Ray start, data + Gram, trials (Tune), report;
+Each runs the real study end to end (``run_study``: data, Grams, trials, MLflow on
+SQLite, report) in a fresh folder with ``--num-cpus`` CPUs, on the Ray Tune executor (a
+local Ray, the default) or the local one (``--executor local``), and prints and writes
+(``benchmarks/results/study_<which>.json``, ``study_<which>_local.json`` for the local
+executor):
+
+- the total wall time and its stages: executor start, data + Gram, trials, report;
 - where the CPU time of the trial phase (CPUs x its wall time) went: method fits
   (``solver_cpu_s``), Gram slicing, other in-trial time, idle CPUs while trials were
-  still waiting to start (``scheduling_idle_cpu_s``: Ray Tune and driver-side MLflow
+  still waiting to start (``scheduling_idle_cpu_s``: the executor and driver-side MLflow
   overhead) and idle CPUs after the last trial started (``tail_idle_cpu_s``: load
   imbalance); see ``mmdtl2_dist.study.runner.study_timing``.
 
@@ -77,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", choices=sorted(SPECS))
     ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--executor", choices=["local", "ray"], default="ray")
     ap.add_argument("--output", default=None, help="study folder (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the study folder")
     args = ap.parse_args()
@@ -85,7 +90,7 @@ def main() -> None:
         shutil.rmtree(tmp)
     spec = load_spec(ROOT / "studies" / SPECS[args.which], output=tmp)
     t0 = time.perf_counter()
-    rep = run_study(spec, num_cpus=args.num_cpus, progress=True)
+    rep = run_study(spec, executor=args.executor, num_cpus=args.num_cpus, progress=True)
     total = time.perf_counter() - t0
     stages = json.loads((tmp / "study.json").read_text())["last_run"]
     tab = rep["table"]
@@ -93,8 +98,9 @@ def main() -> None:
         "which": args.which,
         "spec": SPECS[args.which],
         "num_cpus": args.num_cpus,
+        "load_average_1_5_15": os.getloadavg(),
         "total_s": total,
-        **{k: v for k, v in stages.items() if k not in ("tune_t0", "tune_t1")},
+        **{k: v for k, v in stages.items() if k not in ("trials_t0", "trials_t1")},
         **rep["timing"],
     }
     payloads = [json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")]
@@ -112,7 +118,8 @@ def main() -> None:
     row["accuracy_table"] = tab[tab["pair"] == tab["pair"].iloc[-1]][
         ["n_per_class", "label", "mean", "std", "marks"]
     ].to_dict("records")
-    res = ROOT / "benchmarks" / "results" / f"study_{args.which}.json"
+    suffix = "" if args.executor == "ray" else f"_{args.executor}"
+    res = ROOT / "benchmarks" / "results" / f"study_{args.which}{suffix}.json"
     res.parent.mkdir(parents=True, exist_ok=True)
     res.write_text(json.dumps(row, indent=1, default=float))
     print(rep["summary"])

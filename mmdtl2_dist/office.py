@@ -4,187 +4,140 @@ Hoffman et al.'s protocol (ICLR 2013; the MMDT paper's benchmark): 12 domain shi
 20 fixed splits each (20 source samples per class from amazon, 8 otherwise; 3 labelled
 target samples per class; the rest of the target domain is the test set), SURF 800-d
 features L2-normalised then z-scored per domain over all its images (Gong et al.'s and
-Hoffman's preprocessing). Reported as a study reports it: mean accuracy ± standard
-deviation over the 20 splits, with Welch t-test marks (:func:`format_table`).
+Hoffman's preprocessing).
 
-Every split only needs Gram blocks, so each domain's Gram is computed once here (the
-features are small) and every (shift, split, method) slices it, as the study runner does
-on Ray for large data. Splits run in parallel worker processes, each with one BLAS thread
-(small matrices are much faster single-threaded on a shared machine).
+The protocol is a study (:func:`office_spec`): the spec of ``studies/office_caltech10.toml``
+with the columns of :data:`COLUMNS` (the prior columns of
+``studies/office_caltech10_prior.toml`` instead of the skada baselines), run by the study
+runner on the local executor (worker processes, no Ray; the Gram computed in-process).
+``mmdtl2 office`` prints the study report's table; its shift, split and column filters
+are the spec's ``pairs``, ``n_splits`` and ``methods``.
 """
 
 from __future__ import annotations
 
-import os
-import time
+import contextlib
+import json
+import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
-
-from mmdtl2_dist.core.methods import GramProblem, fit_predict
-from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.selection import NAMED_GRIDS
-from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain, load_hoffman_splits
-from mmdtl2_dist.progress import Progress
+from mmdtl2_dist.core.selection import PRIOR_WEIGHTS
+from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
 #: Labelled target samples per class in Hoffman et al.'s split files.
 TARGET_PER_CLASS = 3
+N_SPLITS = 20
 
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """A table column: a label, a core method and its parameters."""
-
-    label: str
-    method: str
-    params: dict
-
-
-# The columns of the table. A "select" entry names a grid of
-# mmdtl2_dist.core.selection.NAMED_GRIDS, chosen per split by cross-validation on the
-# labelled target samples (issue 8); "cv_*" entries go to select_by_cv without the
-# prefix (e.g. cv_folds="loo"); the rest are fixed.
-DEFAULT_COLUMNS: tuple[MethodSpec, ...] = (
-    MethodSpec("source SVM", "source_svm", {}),
-    MethodSpec("target SVM", "target_svm", {}),
-    MethodSpec("MMDT (paper)", "mmdt", {}),
-    MethodSpec("MMDT (Hoffman code)", "mmdt_hoffman", {}),
-    MethodSpec("MMDTL2 linear", "mmdtl2", {"kernel": "linear"}),
-    MethodSpec("MMDTL2 RBF", "mmdtl2", {"kernel": "rbf"}),
-    MethodSpec("MMDTL2 poly", "mmdtl2", {"kernel": "poly"}),
-    MethodSpec("MMDTL2 identity prior", "mmdtl2", {"prior": "identity"}),
-    MethodSpec("MMDTL2 CV-selected", "mmdtl2", {"select": "prior_weight", "c_f": 1.0}),
+#: The columns of the table, as ``[[methods]]`` entries of a study spec. Parameters not
+#: given are the core's defaults. The CV-selected column chooses the prior's mixing
+#: weight per split by cross-validation on the labelled target samples alone.
+COLUMNS: tuple[dict, ...] = (
+    {"label": "source SVM", "method": "source_svm"},
+    {"label": "target SVM", "method": "target_svm"},
+    {"label": "MMDT (paper)", "method": "mmdt"},
+    {"label": "MMDT (Hoffman code)", "method": "mmdt_hoffman"},
+    {"label": "MMDTL2 linear", "method": "mmdtl2", "params": {"kernel": "linear"}},
+    {"label": "MMDTL2 RBF", "method": "mmdtl2", "params": {"kernel": "rbf"}},
+    {"label": "MMDTL2 poly", "method": "mmdtl2", "params": {"kernel": "poly"}},
+    {"label": "MMDTL2 identity prior", "method": "mmdtl2", "params": {"prior": "identity"}},
+    {
+        "label": "MMDTL2 CV-selected",
+        "method": "mmdtl2",
+        "params": {"prior": "identity", "c_f": 1.0},
+        "select": {"prior_weight": list(PRIOR_WEIGHTS)},
+    },
 )
 
-_CACHE: dict = {}
+
+def columns_named(labels: Sequence[str] | None) -> list[dict]:
+    """The columns with these labels, in the given order (all of them for ``None``)."""
+    if not labels:
+        return list(COLUMNS)
+    known = {c["label"]: c for c in COLUMNS}
+    bad = [lab for lab in labels if lab not in known]
+    if bad:
+        raise ValueError(f"unknown column(s) {bad}; choose from {list(known)}.")
+    return [known[lab] for lab in labels]
 
 
-def _domain_gram(name: str, preprocessing: str):
-    key = (name, preprocessing)
-    if key not in _CACHE:
-        dom = load_domain(name)
-        X = fit_preprocessing(dom.X, preprocessing).transform(dom.X)
-        _CACHE[key] = (X, dom.y)
-    return _CACHE[key]
-
-
-def split_problem(source: str, target: str, trial: int, preprocessing: str = "l2_zscore"):
-    """The :class:`GramProblem` of one split, and the test labels."""
-    Xs_all, ys_all = _domain_gram(source, preprocessing)
-    Xt_all, yt_all = _domain_gram(target, preprocessing)
-    sp = load_hoffman_splits(source, target)[trial]
-    prob = GramProblem.from_features(
-        Xs_all[sp.source_train],
-        ys_all[sp.source_train],
-        Xt_all[sp.target_train],
-        yt_all[sp.target_train],
-        Xt_all[sp.target_test],
-    )
-    return prob, yt_all[sp.target_test]
-
-
-def _run_split(source, target, trial, columns, preprocessing):
-    from threadpoolctl import threadpool_limits
-
-    from mmdtl2_dist.core.selection import select_by_cv
-
-    with threadpool_limits(1):
-        prob, yq = split_problem(source, target, trial, preprocessing)
-        out = []
-        for col in columns:
-            t0 = time.perf_counter()
-            params = dict(col.params)
-            chosen = None
-            if "select" in params:
-                grid = NAMED_GRIDS[params.pop("select")]
-                cv = {k[3:]: params.pop(k) for k in list(params) if k.startswith("cv_")}
-                chosen, _ = select_by_cv(col.method, [{**params, **g} for g in grid], prob, **cv)
-                params = chosen
-            res = fit_predict(col.method, params, prob)
-            acc = float(np.mean(res.y_pred == yq))
-            out.append((col.label, acc, time.perf_counter() - t0, chosen))
-        return source, target, trial, out
-
-
-def run_protocol(
-    columns: Sequence[MethodSpec] = DEFAULT_COLUMNS,
+def office_spec(
+    columns: Sequence[dict] = COLUMNS,
     shifts: Sequence[tuple[str, str]] = SHIFTS,
-    trials: Sequence[int] = range(20),
+    n_splits: int = N_SPLITS,
     *,
-    preprocessing: str = "l2_zscore",
-    workers: int | None = None,
-    progress: bool | None = None,
-) -> dict:
-    """Run the protocol; returns ``{"acc": {(shift, label): [acc per trial]}, ...}``.
+    output: str | Path,
+):
+    """The study of the protocol: these columns, shifts and the first ``n_splits`` splits."""
+    from mmdtl2_dist.study.spec import parse_spec
 
-    ``progress``: lines on stderr (:mod:`mmdtl2_dist.progress`; ``None``: when stderr is
-    a terminal).
+    if not 1 <= n_splits <= N_SPLITS:
+        raise ValueError(f"--trials must be between 1 and {N_SPLITS}, got {n_splits}.")
+    raw = {
+        "study": {
+            "name": "office",
+            "seed": 0,
+            "description": "Office-Caltech10 SURF, Hoffman's fixed splits (mmdtl2 office)",
+        },
+        "data": {
+            "builtin": "office_caltech10",
+            "space": "surf800",
+            "pairs": [list(s) for s in shifts],
+            "preprocessing": "l2_zscore",
+        },
+        "splits": {
+            "protocol": "fixed",
+            "n_splits": n_splits,
+            "samples_per_class": [TARGET_PER_CLASS],
+        },
+        "methods": [json.loads(json.dumps(c)) for c in columns],
+    }
+    return parse_spec(raw, None, output=output)
+
+
+def run_office(
+    spec, *, workers: int | None = None, track: bool = False, progress: bool | None = None
+):
+    """Run the protocol's study on the local executor; return the study's report dict."""
+    from mmdtl2_dist.study.runner import run_study
+
+    return run_study(spec, executor="local", num_cpus=workers, track=track, progress=progress)
+
+
+def office_results(spec) -> dict:
+    """The per-split results of a finished office study, as ``mmdtl2 office --out`` writes them.
+
+    ``acc`` maps ``"source-target|label"`` to the accuracy of every split, in split order;
+    ``chosen`` maps the CV-selected columns' keys to each split's configuration
+    (``{split: params}``); ``mean_fit_time_s`` is the mean fit time of each column.
     """
-    workers = workers or min(2, os.cpu_count() or 1)
-    acc: dict = {}
-    fit_time: dict = {}
-    chosen: dict = {}
-    jobs = [(s, t, k) for (s, t) in shifts for k in trials]
-    t0 = time.perf_counter()
-    bar = Progress("office", len(jobs), unit="splits", enabled=progress)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futs = [pool.submit(_run_split, s, t, k, tuple(columns), preprocessing) for s, t, k in jobs]
-        for fut in as_completed(futs):
-            s, t, k, out = fut.result()
-            for label, a, dt, ch in out:
-                acc.setdefault(((s, t), label), {})[k] = a
-                fit_time.setdefault(label, []).append(dt)
-                if ch is not None:
-                    chosen.setdefault(((s, t), label), {})[k] = ch
-            bar.advance()
-    acc = {key: [v[k] for k in sorted(v)] for key, v in acc.items()}
+    from mmdtl2_dist.study.runner import load_payloads
+
+    payloads, missing = load_payloads(spec)
+    if missing:
+        raise ValueError(f"{spec.output} has {len(missing)} unfinished trials.")
+    acc, chosen, fit = {}, {}, {}
+    for p in payloads:
+        fit[p["label"]] = sum(u["fit_s"] for u in p["units"]) / len(p["units"])
+        for u in p["units"]:
+            key = f"{u['pair'].replace('->', '-')}|{p['label']}"
+            acc.setdefault(key, []).append(u["accuracy"])
+            if p.get("select"):
+                chosen.setdefault(key, {})[str(u["split"])] = {**p["params"], **u["chosen"]}
     return {
+        "columns": [m.label for m in spec.methods],
         "acc": acc,
-        "fit_time": fit_time,
         "chosen": chosen,
-        "columns": [c.label for c in columns],
-        "methods": {c.label: c.method for c in columns},
-        "shifts": list(shifts),
-        "wall_s": time.perf_counter() - t0,
+        "mean_fit_time_s": fit,
     }
 
 
-def format_table(result: dict) -> str:
-    """The study report's per-pair table of the result, with its caption.
+def study_folder(out: Path | None):
+    """Where the office study runs, as a context giving its path.
 
-    One row per shift (``amazon->webcam``, as a study names its pairs) and an ``all
-    pairs`` row (per split, the mean over the shifts); cells are mean ± standard
-    deviation over the splits with the one-tailed Welch t-test marks against the source
-    and target SVM columns (:mod:`mmdtl2_dist.study.report`).
+    ``<out>/study`` when ``out`` is given (kept: ``mmdtl2 study resume`` and ``report``
+    work on it), else a temporary folder, removed with the context.
     """
-    from mmdtl2_dist.study.data import pair_name
-    from mmdtl2_dist.study.report import (
-        caption,
-        markdown_table,
-        pair_tables,
-        references,
-        results_frame,
-    )
-
-    labels, methods = result["columns"], result["methods"]
-    trials = [
-        {
-            "key": f"{s}-{t}|{label}",
-            "label": label,
-            "base_label": label,
-            "method": methods[label],
-            "n_per_class": TARGET_PER_CLASS,
-            "units": [
-                {"pair": pair_name(s, t), "split": k, "accuracy": a}
-                for k, a in enumerate(result["acc"][((s, t), label)])
-            ],
-        }
-        for s, t in result["shifts"]
-        for label in labels
-    ]
-    df = results_frame(trials)
-    rs, rt = references(labels, methods)
-    table = markdown_table(pair_tables(df, labels, rs, rt), "pair", labels)
-    return f"{caption(df['split'].nunique(), rs, rt)}\n\n{table}"
+    if out is not None:
+        return contextlib.nullcontext(str(Path(out) / "study"))
+    return tempfile.TemporaryDirectory(prefix="mmdtl2-office-")

@@ -178,6 +178,53 @@ def test_deterministic_bits_whatever_the_workers(ray_local, tmp_path):
 
 
 @pytest.mark.ray
+def test_in_process_gram_has_the_bits_of_ray(ray_local, tmp_path):
+    """address=IN_PROCESS runs the same tasks without Ray: the same Gram, statistics and
+    tile hashes as on Ray, bit for bit."""
+    from mmdtl2_dist.engine import IN_PROCESS
+
+    _store(tmp_path / "st", {"a": 60, "b": 25}, 300, chunk_rows=16, seed=4)
+    kw = {"tile_rows": 20, "preprocessing": "l2_zscore", "progress": False}
+    on_ray = compute_gram(tmp_path / "st", "s", tmp_path / "g1", **kw)
+    here = compute_gram(tmp_path / "st", "s", tmp_path / "g2", address=IN_PROCESS, **kw)
+    assert np.array_equal(on_ray.to_numpy(), here.to_numpy())
+    assert np.array_equal(on_ray.sq_norms(np.arange(85)), here.sq_norms(np.arange(85)))
+    for dev in ("a", "b"):
+        a, b = on_ray.stats(dev), here.stats(dev)
+        assert np.array_equal(a.mean, b.mean) and np.array_equal(a.scale, b.scale)
+    assert {k: m["blake2b"] for k, m in on_ray.finished_tiles().items()} == {
+        k: m["blake2b"] for k, m in here.finished_tiles().items()
+    }
+    assert {m["pid"] for m in here.finished_tiles().values()} == {os.getpid()}
+
+
+def test_in_process_gram_needs_no_ray(tmp_path):
+    """With Ray not importable at all, an in-process Gram is computed (and equals numpy)."""
+    data = _store(tmp_path / "st", {"a": 30, "b": 12}, 40, chunk_rows=8, seed=2)
+    np.save(tmp_path / "Z.npy", np.concatenate([data["a"], data["b"]]).astype(np.float64))
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["ray"] = None  # `import ray` raises ImportError
+        import numpy as np
+        from mmdtl2_dist.engine import IN_PROCESS, compute_gram
+        g = compute_gram({str(tmp_path / "st")!r}, "s", {str(tmp_path / "g")!r},
+                         address=IN_PROCESS, tile_rows=8, progress=False)
+        Z = np.load({str(tmp_path / "Z.npy")!r})
+        assert np.allclose(g.to_numpy(), Z @ Z.T, rtol=1e-12, atol=1e-9)
+        assert not any(m == "ray" or m.startswith("ray.") for m in sys.modules
+                       if sys.modules[m] is not None)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
+
+
+@pytest.mark.ray
 def test_killed_worker_does_not_change_the_result(ray_local, tmp_path):
     _store(tmp_path / "st", {"a": 40, "b": 24}, 300, chunk_rows=8, seed=4)
     clean = compute_gram(tmp_path / "st", "s", tmp_path / "clean", tile_rows=16, progress=False)

@@ -1,27 +1,116 @@
-"""`mmdtl2 office`'s protocol with the CV-selected column (issue 8), on the bundled data."""
+"""`mmdtl2 office`: the Office-Caltech10 protocol as a study on the local executor.
 
-import numpy as np
+Its numbers are those of the stored full run (``benchmarks/results/office_caltech10*.json``,
+the README's table), bit for bit; ``benchmarks/check_office_numbers.py`` checks all
+12 shifts x 20 splits.
+"""
 
-from mmdtl2_dist.core.methods import fit_predict
-from mmdtl2_dist.core.selection import PRIOR_WEIGHTS, select_by_cv
-from mmdtl2_dist.office import DEFAULT_COLUMNS, NAMED_GRIDS, run_protocol, split_problem
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mmdtl2_dist.cli import main
+from mmdtl2_dist.office import COLUMNS
+
+REPO = Path(__file__).resolve().parents[1]
+STORED = REPO / "benchmarks" / "results"
 
 
-def test_cv_selected_column_reports_its_choice_and_reproduces_it():
-    """Per split, the column reports the weight CV chose on the labelled targets alone,
-    and its accuracy is that of the chosen configuration fitted on the whole split:
-    an independent select_by_cv + fit_predict on the same split gives both again."""
-    col = next(c for c in DEFAULT_COLUMNS if c.label == "MMDTL2 CV-selected")
-    shift, trials = ("dslr", "webcam"), [0, 1]
-    res = run_protocol([col], [shift], trials, workers=1, progress=False)
-    chosen = res["chosen"][(shift, col.label)]
-    for k in trials:
-        assert chosen[k]["prior_weight"] in PRIOR_WEIGHTS and chosen[k]["c_f"] == 1.0
-        prob, yq = split_problem(*shift, k)
-        # select_by_cv reads only the source and labelled target blocks of the split.
-        grid = [{"c_f": 1.0, **g} for g in NAMED_GRIDS["prior_weight"]]
-        best, table = select_by_cv("mmdtl2", grid, prob)
-        assert best == chosen[k]
-        assert {r["criterion"] for r in table} == {"hinge"}
-        acc = float(np.mean(fit_predict("mmdtl2", best, prob).y_pred == yq))
-        assert res["acc"][(shift, col.label)][k] == acc
+def stored_accuracies() -> dict:
+    """``"source-target|label"`` -> accuracy per split, of the stored full runs."""
+    acc = json.loads((STORED / "office_caltech10.json").read_text())["acc"]
+    cv = json.loads((STORED / "office_caltech10_cv_selected.json").read_text())
+    # The CV column of the first file used other folds; its own run is the second file.
+    return {**acc, **cv["acc"]}, cv["chosen"]
+
+
+def test_office_gives_the_stored_numbers_bit_for_bit(tmp_path, capsys):
+    """Every column on two shifts: the per-split accuracies and the CV column's chosen
+    weights are those of the stored full run, to the last bit; the table is the study
+    report's, and the study folder is kept for `mmdtl2 study report`."""
+    shifts = ["dslr-webcam", "amazon-caltech"]
+    args = ["office", "--trials", "1", "--shifts", *shifts, "--out", str(tmp_path), "-q"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    header = "| pair | " + " | ".join(c["label"] for c in COLUMNS) + " |"
+    assert header in out and "| dslr->webcam |" in out and "| all pairs |" in out
+    assert "2 shifts x 1 splits" in out
+    got = json.loads((tmp_path / "office_caltech10.json").read_text())
+    acc, chosen = stored_accuracies()
+    assert len(got["acc"]) == 2 * len(COLUMNS)
+    for key, values in got["acc"].items():
+        assert values == acc[key][:1], key
+    for key, per_split in got["chosen"].items():
+        assert per_split == {"0": chosen[key]["0"]}, key
+    assert (tmp_path / "office_caltech10.md").read_text().strip() in out
+    assert (tmp_path / "study" / "report" / "results.csv").is_file()
+    assert main(["study", "report", str(tmp_path / "study"), "--no-mlflow"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--methods", "MMDT"], "unknown column(s) ['MMDT']; choose from ['source SVM',"),
+        (["--trials", "0"], "--trials must be between 1 and 20, got 0."),
+        (["--shifts", "amazon"], "bad shift 'amazon'; use SRC-TGT with domains from"),
+    ],
+)
+def test_office_bad_arguments_name_the_fix(tmp_path, capsys, args, message):
+    assert main(["office", *args, "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_office_lists_its_columns(capsys):
+    assert main(["office", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "'MMDTL2 CV-selected': method=mmdtl2" in out and "prior_weight" in out
+
+
+@pytest.mark.slow
+def test_office_interrupted_says_how_to_resume(tmp_path):
+    """Ctrl-C stops `mmdtl2 office --out` with exit status 130 and the command that
+    finishes its study; that command then finishes it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cli = [sys.executable, "-m", "mmdtl2_dist.cli"]
+    out = tmp_path / "out"
+    results = out / "study" / "results"
+    proc = subprocess.Popen(
+        [*cli, "office", "--shifts", "dslr-webcam", "--trials", "2", "--workers", "2"]
+        + ["--out", str(out), "-q"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.is_dir() and any(results.glob("*.json")):
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    done = len(list(results.glob("*.json")))
+    assert done < len(COLUMNS), "office finished before it could be interrupted"
+    assert proc.returncode == 130, err[-3000:]
+    assert f"mmdtl2 office: stopped by SIGINT with {done} of {len(COLUMNS)} trials done" in err
+    resume = f"mmdtl2 study resume {out / 'study'} --executor local"
+    assert f"Its study goes on with:\n    {resume}\n" in err
+    res = subprocess.run(
+        [*cli, *resume.split()[1:], "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(list(results.glob("*.json"))) == len(COLUMNS)

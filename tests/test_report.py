@@ -149,49 +149,6 @@ def test_every_table_states_its_spread(tmp_path):
     assert cap in out["summary"]
 
 
-def _office_result(shifts, labels, methods, n_splits=5):
-    rng = np.random.default_rng(1)
-    acc = {
-        (shift, label): list(rng.uniform(0.3, 0.8, n_splits))
-        for shift in shifts
-        for label in labels
-    }
-    return {"columns": labels, "methods": methods, "shifts": shifts, "acc": acc}
-
-
-def test_office_prints_the_study_report_table(tmp_path):
-    """`mmdtl2 office` and a study with the same accuracies print the same table:
-    same column names, same rows, same cells and marks, same caption."""
-    from mmdtl2_dist.office import DEFAULT_COLUMNS, TARGET_PER_CLASS, format_table
-
-    cols = DEFAULT_COLUMNS[:3]
-    labels, methods = [c.label for c in cols], {c.label: c.method for c in cols}
-    shifts = [("amazon", "webcam"), ("dslr", "webcam")]
-    res = _office_result(shifts, labels, methods)
-    trials = [
-        {
-            "key": label,
-            "label": label,
-            "base_label": label,
-            "method": methods[label],
-            "swept": {},
-            "n_per_class": TARGET_PER_CLASS,
-            "units": [
-                {"pair": f"{s}->{t}", "split": k, "accuracy": a}
-                for s, t in shifts
-                for k, a in enumerate(res["acc"][((s, t), label)])
-            ],
-        }
-        for label in labels
-    ]
-    office = format_table(res)
-    assert office.startswith("Accuracy (%): mean ± standard deviation over 5 splits")
-    assert "| pair | source SVM | target SVM | MMDT (paper) |" in office
-    assert "| all pairs |" in office
-    study = write_report(trials, tmp_path, title="t", label_order=labels)
-    assert office in study["summary"]
-
-
 def _configs(method, params, grid):
     """Every full parameter set a column fits (one, or one per grid point)."""
     from mmdtl2_dist.core.methods import default_params
@@ -202,15 +159,14 @@ def _configs(method, params, grid):
 
 def test_bundled_office_studies_name_their_columns_as_mmdtl2_office_does():
     from mmdtl2_dist.core.methods import METHODS
-    from mmdtl2_dist.core.selection import NAMED_GRIDS
-    from mmdtl2_dist.office import DEFAULT_COLUMNS
+    from mmdtl2_dist.office import COLUMNS
     from mmdtl2_dist.study.spec import core_params, load_spec
 
     office = {}
-    for c in DEFAULT_COLUMNS:
-        params = dict(c.params)
-        grid = NAMED_GRIDS[params.pop("select")] if "select" in params else []
-        office[_configs(c.method, params, grid)] = c.label
+    for c in COLUMNS:
+        select = c.get("select", {})
+        grid = [dict(zip(select, v, strict=True)) for v in itertools.product(*select.values())]
+        office[_configs(c["method"], core_params(c.get("params", {})), grid)] = c["label"]
     root = Path(__file__).resolve().parents[1] / "studies"
     matched = 0
     for name in ("office_caltech10.toml", "office_caltech10_prior.toml"):

@@ -350,10 +350,11 @@ def test_cpu_accounting_splits_capacity():
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.mlflow
-def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path, executor):
     """`mmdtl2 study run` interrupted (Ctrl-C) mid-way exits 130 and says how to resume;
     `study resume` stopped by SIGTERM exits 143; a last `study resume` gives the same
-    report as an uninterrupted run and one MLflow run per trial."""
+    report as an uninterrupted run and one MLflow run per trial, on either executor."""
     import os
     import signal
     import subprocess
@@ -373,13 +374,14 @@ def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": str(root), "RAY_USAGE_STATS_ENABLED": "0"}
     cli = [sys.executable, "-m", "mmdtl2_dist.cli", "study"]
+    opts = ["--executor", executor, "--num-cpus", "2"]
 
     def run(*args, **kw):
         return subprocess.run(
             cli + list(args), env=env, capture_output=True, text=True, timeout=300, **kw
         )
 
-    full = run("run", str(spec), "--output", str(tmp_path / "full"), "--num-cpus", "2")
+    full = run("run", str(spec), "--output", str(tmp_path / "full"), *opts)
     assert full.returncode == 0, full.stderr[-2000:]
     assert "| n_per_class | targetSVM | sourceSVM | MMDTL2 CV | CORAL | SA |" in full.stdout
 
@@ -410,22 +412,20 @@ def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path):
             err.seek(0)
             return proc.returncode, err.read()
 
-    rc, err = stop_after(
-        ["run", str(spec), "--output", str(part), "--num-cpus", "2"], 2, signal.SIGINT, True
-    )
+    rc, err = stop_after(["run", str(spec), "--output", str(part), *opts], 2, signal.SIGINT, True)
     done = n_done()
     assert done < 10, "the study finished before it could be interrupted"
     assert rc == 130, err[-3000:]
     assert f"mmdtl2 study run: stopped by SIGINT with {done} of 10 trials done" in err, err[-3000:]
-    assert f"Continue it with:\n    mmdtl2 study resume {part} --num-cpus 2\n" in err
+    assert f"Continue it with:\n    mmdtl2 study resume {part} {' '.join(opts)}\n" in err
     assert not (part / "report").exists()  # no report that could pass for the study's
-    rc, err = stop_after(["resume", str(part), "--num-cpus", "2"], done + 1, signal.SIGTERM, False)
+    rc, err = stop_after(["resume", str(part), *opts], done + 1, signal.SIGTERM, False)
     assert n_done() < 10, "the study finished before it could be stopped"
     assert rc == 143, err[-3000:]
     assert f"mmdtl2 study resume: stopped by SIGTERM with {n_done()} of 10 trials done" in err, err[
         -3000:
     ]
-    res = run("resume", str(part), "--num-cpus", "2")
+    res = run("resume", str(part), *opts)
     assert res.returncode == 0, res.stderr[-2000:]
     pd.testing.assert_frame_equal(_table(part), _table(tmp_path / "full"))
     client = MlflowClient(f"sqlite:///{part / 'mlflow.db'}")
@@ -623,7 +623,7 @@ def test_resume_unpickles_nothing_from_the_study_folder(tmp_path, ray_local):
     (tmp_path / "spec.toml").write_text(TINY)
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = load_spec(tmp_path / "spec.toml", output=out)
-    run_study(spec, tracking_uri=uri, progress=False, max_trials=1)
+    run_study(spec, executor="ray", tracking_uri=uri, progress=False, max_trials=1)
     assert (out / "plan.json").exists() and (out / "tune").is_dir()
     markers = []
     crafted = [out / "plan.pkl", out / "tune" / "tuner.pkl", out / "results" / "x.pkl"]
@@ -632,7 +632,7 @@ def test_resume_unpickles_nothing_from_the_study_folder(tmp_path, ray_local):
         markers.append(tmp_path / f"PWNED_{i}")
         _crafted_pickle(path, markers[-1])
 
-    resume_study(out, tracking_uri=uri, progress=False)
+    resume_study(out, executor="ray", tracking_uri=uri, progress=False)
     assert [m.name for m in markers if m.exists()] == []
     assert len(list((out / "results").glob("*.json"))) == len(spec.trials()) == 4
 
@@ -726,21 +726,26 @@ def test_validate_checks_bundled_data_without_writing(tmp_path, capsys, monkeypa
 
 
 @pytest.mark.parametrize(("store_kw", "replace", "match"), BAD_DATA)
-def test_run_fails_on_bad_data_before_ray_starts(
+def test_run_fails_on_bad_data_before_an_executor_starts(
     tmp_path, capsys, monkeypatch, store_kw, replace, match
 ):
     import re
 
     from mmdtl2_dist.cli import main
     from mmdtl2_dist.study import runner
+    from mmdtl2_dist.study.executors import LocalExecutor
+    from mmdtl2_dist.study.ray_executor import RayTuneExecutor
 
     def no_ray(*args, **kwargs):
-        raise AssertionError("Ray was started before the data were checked")
+        raise AssertionError("an executor was started before the data were checked")
 
-    monkeypatch.setattr(runner, "_ensure_ray", no_ray)
+    for executor in (LocalExecutor, RayTuneExecutor):
+        monkeypatch.setattr(executor, "start", no_ray)
     monkeypatch.setattr(runner, "compute_grams", no_ray)
     spec, out = _spec_for(tmp_path, store_kw, replace), tmp_path / "out"
-    assert main(["study", "run", str(spec), "--output", str(out), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert re.search(match, err), err
-    assert not out.exists()  # nothing written: the fixed spec can run in the same folder
+    for executor in ("local", "ray"):
+        cmd = ["study", "run", str(spec), "--output", str(out), "--quiet", "--executor", executor]
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert re.search(match, err), err
+        assert not out.exists()  # nothing written: the fixed spec can run in the same folder

@@ -1,4 +1,8 @@
-"""``mmdtl2 study``: run, resume and report studies (Ray Tune sweeps tracked in MLflow).
+"""``mmdtl2 study``: run, resume and report studies (sweeps tracked in MLflow).
+
+The trials run in worker processes of this machine (``--executor local``, the default)
+or as Ray Tune trials on a local Ray or a cluster (``--executor ray``, the default with
+``--address``); both give the same results, bit for bit.
 
 Examples
 --------
@@ -22,6 +26,7 @@ import sys
 from pathlib import Path
 
 from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.study.executors import EXECUTORS
 
 
 def _spec_path(arg: str) -> Path:
@@ -35,12 +40,24 @@ def _spec_path(arg: str) -> Path:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--address",
+        "--executor",
+        choices=sorted(EXECUTORS),
         default=None,
-        help="Ray cluster address (default: a local Ray with --num-cpus CPUs)",
+        help="where the trials run: 'local' (worker processes on this machine, no Ray) or "
+        "'ray' (Ray Tune on a local Ray or the --address cluster); the same results "
+        "either way. Default: ray with --address, else local",
     )
     p.add_argument(
-        "--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)"
+        "--address",
+        default=None,
+        help="Ray cluster address, for the ray executor (default: a local Ray with "
+        "--num-cpus CPUs)",
+    )
+    p.add_argument(
+        "--num-cpus",
+        type=int,
+        default=None,
+        help="CPUs of the local Ray, or worker processes of the local executor (default: all)",
     )
     p.add_argument(
         "--tracking-uri",
@@ -76,6 +93,7 @@ def _resume_command(output: Path, args) -> str:
     """The ``mmdtl2 study resume`` command that continues this study as it was run."""
     cmd = ["mmdtl2", "study", "resume", str(output)]
     for flag, value in (
+        ("--executor", args.executor),
         ("--address", args.address),
         ("--num-cpus", args.num_cpus),
         ("--tracking-uri", args.tracking_uri),
@@ -115,6 +133,7 @@ def _run(args) -> int:
         args,
         lambda: run_study(
             spec,
+            executor=args.executor,
             address=args.address,
             num_cpus=args.num_cpus,
             tracking_uri=args.tracking_uri,
@@ -130,6 +149,7 @@ def _resume(args) -> int:
         args,
         lambda: resume_study(
             args.folder,
+            executor=args.executor,
             address=args.address,
             num_cpus=args.num_cpus,
             tracking_uri=args.tracking_uri,
@@ -166,7 +186,7 @@ def register(subparsers) -> None:
     """Add ``mmdtl2 study {run,resume,report,validate}``."""
     p = subparsers.add_parser(
         "study",
-        help="run, resume and report studies (Ray Tune + MLflow)",
+        help="run, resume and report studies (local worker processes or Ray Tune; MLflow)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -190,7 +210,7 @@ def register(subparsers) -> None:
     t.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     t.set_defaults(func=_report)
     v = sub.add_parser(
-        "validate", help="check a study spec against its data (no Ray) and count its trials"
+        "validate", help="check a study spec against its data (no compute) and count its trials"
     )
     v.add_argument("spec", help="study spec file")
     v.set_defaults(func=_validate)

@@ -24,6 +24,7 @@ from mmdtl2_dist.engine.gram_store import (
     TILES_DIR,
     GramStore,
 )
+from mmdtl2_dist.engine.in_process import IN_PROCESS, InProcessTasks
 from mmdtl2_dist.engine.location import gram_location, gram_lock, make_gram_dir
 from mmdtl2_dist.engine.plan import (
     DEFAULT_TASK_MEMORY_MB,
@@ -107,6 +108,17 @@ def _check_resumable(out: Path, job: dict) -> dict:
             "it) to start anew."
         )
     return old
+
+
+def _task_runner(address: str | None, num_cpus: int | None):
+    """Where the Gram's tasks run: this process (``address=IN_PROCESS``), else Ray.
+
+    Returns ``(runner, owned)`` as :func:`ensure_ray` does; the in-process runner answers
+    the same calls (:mod:`mmdtl2_dist.engine.in_process`).
+    """
+    if address == IN_PROCESS:
+        return InProcessTasks(), False
+    return ensure_ray(address, num_cpus)
 
 
 def ensure_ray(address: str | None, num_cpus: int | None):
@@ -348,6 +360,8 @@ def compute_gram(
     address : str, optional
         Ray cluster address (``"auto"``, ``"ray://host:10001"``); default: the running
         Ray session if any, else a new local one (stopped on return).
+        :data:`~mmdtl2_dist.engine.in_process.IN_PROCESS` runs the tasks in this process
+        without Ray (small data; same bits).
     max_task_memory_mb : float
         Memory bound of one task; sets the feature block width and is requested from Ray
         as the task's ``memory`` resource.
@@ -470,7 +484,7 @@ def _compute(
         gs.last_run["seconds"] = time.monotonic() - t_start
         return gs
 
-    ray, owned = ensure_ray(address, num_cpus)
+    ray, owned = _task_runner(address, num_cpus)
     try:
         mem = task_memory_bytes(tile_rows, max(c1 - c0 for c0, c1 in col_blocks), itemsize)
         opts = {"num_cpus": 1, "max_retries": max_retries, "memory": int(mem)}

@@ -10,22 +10,23 @@
    or another study computed is reused, else the engine computes it there **once**;
 3. draws the splits and writes the plan (``<output>/plan.json`` + ``plan.npz``, data
    only: :mod:`mmdtl2_dist.study.plan`) — trials only read it;
-4. runs every trial (method configuration x samples per class) as a Ray Tune trial
-   (experiment ``<output>/tune``); each finished trial is written to
+4. hands every trial (method configuration x samples per class) that has no result yet
+   to an executor (:mod:`mmdtl2_dist.study.executors`: worker processes of this machine,
+   or Ray Tune on a local Ray or a cluster); each finished trial is written to
    ``<output>/results/<key>.json`` and logged to MLflow from the driver;
 5. writes the report (``<output>/report``) and logs it to the parent MLflow run.
 
-Before step 2 (and before Ray starts), the spec is checked against the store's metadata
-(:func:`check_data`): names of devices and spaces, class sets, and splits that can hold
-the requested labelled samples and a test set; ``mmdtl2 study validate`` runs the same
-check.
+Before step 2 (and before any executor starts), the spec is checked against the
+store's metadata (:func:`check_data`): names of devices and spaces, class sets, and
+splits that can hold the requested labelled samples and a test set; ``mmdtl2 study
+validate`` runs the same check.
 
-``resume_study`` runs the trials that have no result file yet, in a fresh Tune
-experiment: a trial is done when ``<output>/results/<key>.json`` exists, so nothing of
-Ray Tune's own experiment state (``Tuner.restore`` unpickles it) is ever read back.
-Result files and MLflow runs are keyed by the trial key, so nothing is lost or
-duplicated. SIGINT or SIGTERM stops a study cleanly (:class:`StudyInterrupted`): finished
-trials are kept and ``resume`` goes on from there.
+``resume_study`` runs the trials that have no result file yet: a trial is done when
+``<output>/results/<key>.json`` exists, so nothing of an executor's own state (Ray Tune
+would unpickle its experiment state) is ever read back, and a study begun on one
+executor can be resumed on the other. Result files and MLflow runs are keyed by the
+trial key, so nothing is lost or duplicated. SIGINT or SIGTERM stops a study cleanly
+(:class:`StudyInterrupted`): finished trials are kept and ``resume`` goes on from there.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from ray.tune import Callback
-from ray.tune.stopper import Stopper
 
-from mmdtl2_dist.progress import Progress, say
+from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.outputs import OutputKind, claim_output
 from mmdtl2_dist.study.data import (
     build_office_caltech_store,
@@ -51,6 +50,13 @@ from mmdtl2_dist.study.data import (
     pair_name,
     read_split_file,
     write_hoffman_split_file,
+)
+from mmdtl2_dist.study.executors import (
+    STOP,
+    Executor,
+    TrialSink,
+    default_executor,
+    make_executor,
 )
 from mmdtl2_dist.study.plan import (
     PLAN_FILE,
@@ -71,7 +77,6 @@ from mmdtl2_dist.study.splits import (
 )
 
 STATE_FILE = "study.json"
-TUNE_DIR = "tune"
 STUDY_OUTPUT = OutputKind(
     "study folder", is_dir=True, recognise=lambda path: (path / STATE_FILE).is_file()
 )
@@ -386,28 +391,9 @@ def _study_plan(
     return plan
 
 
-# -- Ray and Tune -----------------------------------------------------------------------
+# -- signals ----------------------------------------------------------------------------
 
 
-def _ensure_ray(address: str | None, num_cpus: int | None):
-    """Connect to Ray exactly as the Gram engine does (one place for the init options)."""
-    from mmdtl2_dist.engine import ensure_ray as engine_ensure_ray
-
-    return engine_ensure_ray(address, num_cpus)
-
-
-def _trainable(spec: StudySpec):
-    from ray import tune
-
-    from mmdtl2_dist.study.trial import tune_trainable
-
-    bundles = [{"CPU": spec.cpus_per_trial}] + [{"CPU": 1.0}] * spec.split_tasks
-    return tune.with_resources(tune_trainable, tune.PlacementGroupFactory(bundles))
-
-
-#: The signal that stopped the running study (``None`` until one comes) and whether
-#: Tune's loop is running: module state, since the Tune stopper finds it by reference.
-_STOP: dict = {"signum": None, "in_tune": False, "handler": None}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 
@@ -441,170 +427,58 @@ class StudyInterrupted(KeyboardInterrupt):
 
 
 def _reclaim_signals() -> None:
-    """Put the study's signal handlers back after ``ray.init``.
+    """Put the study's signal handlers back after an executor started.
 
     Ray's core worker installs its own SIGTERM handler in the driver, which logs and
     aborts, so a SIGTERM would leave neither a resume hint nor an exit status of 143.
     """
-    if _STOP["handler"] is not None:
+    if STOP["handler"] is not None:
         for s in _STOP_SIGNALS:
-            signal.signal(s, _STOP["handler"])
-
-
-class _StopOnSignal(Stopper):
-    """Ends the Tune experiment once SIGINT or SIGTERM has come (see _stop_on_signals)."""
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        return False
-
-    def stop_all(self) -> bool:
-        return _STOP["signum"] is not None
+            signal.signal(s, STOP["handler"])
 
 
 @contextmanager
 def _stop_on_signals(spec: StudySpec):
     """While a study runs, SIGINT and SIGTERM stop it cleanly and raise StudyInterrupted.
 
-    The first signal is recorded. While Tune runs trials, :class:`_StopOnSignal` then
-    ends the experiment at Tune's next step, so the driver is never stopped halfway
-    through writing a result file or an MLflow run (running trials are dropped and run
-    again on resume); anywhere else it raises ``KeyboardInterrupt`` at once (the Gram
-    resumes from its finished tiles). A second signal always raises at once. Tune's own
-    SIGINT handler, which stops quietly and returns as if the run had finished, is
-    turned off so that one handler sees every signal. Outside the main thread no
-    handler can be installed and signals keep their default effect.
+    The first signal is recorded (``executors.STOP``). While an executor runs trials, it
+    then stops at its next step (Tune ends the experiment; the local executor stops its
+    workers), so the driver is never stopped halfway through writing a result file or an
+    MLflow run (running trials are dropped and run again on resume); anywhere else it
+    raises ``KeyboardInterrupt`` at once (the Gram resumes from its finished tiles). A
+    second signal always raises at once. Tune's own SIGINT handler, which stops quietly
+    and returns as if the run had finished, is turned off so that one handler sees every
+    signal. Outside the main thread no handler can be installed and signals keep their
+    default effect.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _STOP.update(signum=None, in_tune=False)
+    STOP.update(signum=None, in_trials=False)
 
     def on_signal(signum, frame):
-        first = _STOP["signum"] is None
+        first = STOP["signum"] is None
         if first:
-            _STOP["signum"] = signum
-        if not (first and _STOP["in_tune"]):
+            STOP["signum"] = signum
+        if not (first and STOP["in_trials"]):
             raise KeyboardInterrupt
 
-    _STOP["handler"] = on_signal
+    STOP["handler"] = on_signal
     saved = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS}
     env = os.environ.get(_TUNE_SIGINT_ENV)
     os.environ[_TUNE_SIGINT_ENV] = "1"
     try:
         yield
     except KeyboardInterrupt:
-        raise StudyInterrupted(_STOP["signum"] or signal.SIGINT, spec) from None
+        raise StudyInterrupted(STOP["signum"] or signal.SIGINT, spec) from None
     finally:
-        _STOP["handler"] = None
+        STOP["handler"] = None
         for s, handler in saved.items():
             signal.signal(s, handler)
         if env is None:
             os.environ.pop(_TUNE_SIGINT_ENV, None)
         else:
             os.environ[_TUNE_SIGINT_ENV] = env
-
-
-class _Sink:
-    """Receives trials in the driver: result file, MLflow run, progress line.
-
-    Progress counts fits (trials x units): finished trials count whole, running ones by
-    the fraction they last reported (``trial_progress``). Built from plain values so
-    that it can live inside a pickled Tune callback (Tune stores the run config,
-    callbacks included, for ``Tuner.restore``).
-    """
-
-    def __init__(
-        self,
-        output: str,
-        tracker_cfg: dict,
-        tags: dict,
-        total: int,
-        progress: bool | None,
-        units: int = 1,
-    ):
-        self.output, self.tracker_cfg, self.tags = output, tracker_cfg, tags
-        self.total, self.progress, self.units = total, progress, units
-        self._tracker = None
-        self._running: dict[str, float] = {}
-        self._bar = self._new_bar()  # the clock starts with the trials
-
-    def __getstate__(self):
-        return {**self.__dict__, "_tracker": None, "_bar": None, "_running": {}}
-
-    @property
-    def tracker(self):
-        from mmdtl2_dist.study.tracking import StudyTracker
-
-        if self._tracker is None and self.tracker_cfg:
-            self._tracker = StudyTracker(**self.tracker_cfg)
-        return self._tracker
-
-    def _finished(self) -> int:
-        return len(list((Path(self.output) / "results").glob("*.json")))
-
-    def _new_bar(self) -> Progress:
-        return Progress(
-            "study",
-            self.total * self.units,
-            unit="fits",
-            enabled=self.progress,
-            done=self._finished() * self.units,
-        )
-
-    @property
-    def bar(self) -> Progress:
-        if self._bar is None:  # unpickled by Tuner.restore
-            self._bar = self._new_bar()
-        return self._bar
-
-    def _fits_done(self) -> int:
-        running = sum(self._running.values())
-        return min(round((self._finished() + running) * self.units), self.total * self.units)
-
-    def running(self, key: str, fraction: float) -> None:
-        """A running trial reported the fraction of its units done."""
-        self._running[key] = float(fraction)
-        self.bar.update(self._fits_done())
-
-    def __call__(self, payload: dict) -> None:
-        results = Path(self.output) / "results"
-        results.mkdir(parents=True, exist_ok=True)
-        path = results / f"{payload['key']}.json"
-        fresh = not path.exists()
-        if fresh:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(payload))
-            tmp.replace(path)
-        self._running.pop(payload["key"], None)
-        if self.tracker is not None:
-            self.tracker.log_trial(payload, self.tags)
-        if fresh:
-            self.bar.update(
-                self._fits_done(),
-                f"[{self._finished()}/{self.total} trials] {payload['label']} "
-                f"n={payload['n_per_class']}: accuracy {100 * payload['accuracy']:.2f} ± "
-                f"{100 * payload['accuracy_std']:.2f} % (std over {len(payload['units'])} "
-                f"fits), fits {payload['solver_s']:.1f} CPU-s in {payload['wall_s']:.1f} s",
-                force=True,
-            )
-
-
-def trial_dirname(trial) -> str:
-    """Short Tune trial folder names (the default spells out the whole config)."""
-    return f"trial_{trial.trial_id}"
-
-
-class StudyCallback(Callback):
-    """Hands each trial's final result to the sink, in the driver."""
-
-    def __init__(self, sink: _Sink):
-        self.sink = sink
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        if "payload" in result:
-            self.sink(json.loads(result["payload"]))
-        elif "trial_progress" in result:
-            self.sink.running(trial.config["trial"]["key"], result["trial_progress"])
 
 
 # -- entry points -----------------------------------------------------------------------
@@ -671,9 +545,11 @@ def run_study(
     spec: StudySpec | str | Path,
     *,
     resume: bool = False,
+    executor: str | None = None,
     address: str | None = None,
     num_cpus: int | None = None,
     tracking_uri: str | None = None,
+    track: bool = True,
     progress: bool | None = None,
     max_trials: int | None = None,
 ) -> dict:
@@ -689,12 +565,20 @@ def run_study(
     resume : bool
         Continue the study in ``spec.output`` (after an interruption); a run does the
         same, since both run only the trials that have no result yet.
+    executor : {"local", "ray"}, optional
+        Where the trials run (:mod:`mmdtl2_dist.study.executors`); default ``ray`` when
+        ``address`` is given, else ``local``. Both give the same results, bit for bit,
+        and either can resume a study the other began.
     address : str, optional
-        Ray cluster address; default a local Ray (or the running session).
+        Ray cluster address (``ray`` executor); default a local Ray (or the running
+        session).
     num_cpus : int, optional
-        CPUs of a new local Ray.
+        CPUs of a new local Ray, or worker processes of the local executor (default:
+        all CPUs).
     tracking_uri : str, optional
         MLflow tracking URI (default ``sqlite:///<output>/mlflow.db``).
+    track : bool
+        Log the study to MLflow; result files and the report are written either way.
     progress : bool or None
         Progress lines on stderr (:mod:`mmdtl2_dist.progress`); ``None``: when stderr is a
         terminal.
@@ -704,34 +588,30 @@ def run_study(
     Raises
     ------
     ValueError
-        The spec does not fit its data (:func:`check_data`), before Ray starts.
+        The spec does not fit its data (:func:`check_data`), before any executor starts;
+        an unknown executor, or ``address`` with the local one.
     StudyInterrupted
         SIGINT or SIGTERM stopped the study; no report is written, finished trials are
         kept for ``study resume``.
     """
     if not isinstance(spec, StudySpec):
         spec = load_spec(spec)
+    runner = make_executor(
+        executor or default_executor(address), address=address, num_cpus=num_cpus
+    )
     with _stop_on_signals(spec):
         return _run_study(
             spec,
-            address=address,
-            num_cpus=num_cpus,
+            runner,
             tracking_uri=tracking_uri,
+            track=track,
             progress=progress,
             max_trials=max_trials,
         )
 
 
-def _run_study(
-    spec: StudySpec,
-    *,
-    address: str | None,
-    num_cpus: int | None,
-    tracking_uri: str | None,
-    progress: bool,
-    max_trials: int | None,
-) -> dict:
-    t_start = time.perf_counter()
+def _checked_data(spec: StudySpec) -> tuple[Path, Path | None]:
+    """Claim the study folder and check the spec against its data (seconds, no compute)."""
     out = spec.output
     state_path = out / STATE_FILE
     claim_output(out, STUDY_OUTPUT, overwrite=None)  # continue our own study, touch nothing else
@@ -743,67 +623,115 @@ def _run_study(
                 "--output or delete the folder."
             )
     store, split_file = prepare_data(spec)
-    check_data(spec, store, split_file)  # seconds, before Ray and the Gram (hours)
-    data_s = time.perf_counter() - t_start
-    out.mkdir(parents=True, exist_ok=True)
-    _write_state(spec, {})
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    ray, owned = _ensure_ray(address, num_cpus)
-    _reclaim_signals()
-    ray_start_s = time.perf_counter() - t_start - data_s
-    try:
-        t0 = time.perf_counter()
-        grams = compute_grams(spec, store, address=address, progress=progress)
-        gram_s = time.perf_counter() - t0 + data_s
-        provenance = gram_provenance(grams)
-        _write_state(spec, {"grams": provenance})
-        plan_path = out / PLAN_FILE
-        plan = _study_plan(spec, store, split_file, grams, plan_path)
-        from mmdtl2_dist.store.feature_store import FeatureStore
-        from mmdtl2_dist.study.tracking import class_names
+    check_data(spec, store, split_file)  # before the executor and the Gram (hours)
+    return store, split_file
 
-        tcfg = tracker_config(spec, tracking_uri, class_names(FeatureStore.open(store).metadata))
-        tracker = _tracker(spec, tracking_uri)
-        tags = {
-            "split_seed": str(spec.seed),
-            "data_fingerprint": plan.data_fingerprint,
-            "code_version": _code_version(),
-            "study": spec.name,
-        }
-        tracker.log_parent(
-            params={**_flat_params(spec), **{f"gram.{s}": g["key"] for s, g in provenance.items()}},
-            tags={**tags, **{f"gram_path.{s}": g["path"] for s, g in provenance.items()}},
-            files=[spec.path] if spec.path else [],
+
+def _run_study(
+    spec: StudySpec,
+    executor: Executor,
+    *,
+    tracking_uri: str | None,
+    track: bool,
+    progress: bool | None,
+    max_trials: int | None,
+) -> dict:
+    t_start = time.perf_counter()
+    store, split_file = _checked_data(spec)
+    stages = {"executor": executor.name, "data_check_s": time.perf_counter() - t_start}
+    spec.output.mkdir(parents=True, exist_ok=True)
+    _write_state(spec, {})
+    executor.start()
+    _reclaim_signals()
+    stages["executor_start_s"] = time.perf_counter() - t_start - stages["data_check_s"]
+    try:
+        rep = _run_started(
+            spec,
+            executor,
+            store,
+            split_file,
+            stages,
+            tracking_uri=tracking_uri,
+            track=track,
+            progress=progress,
+            max_trials=max_trials,
         )
-        trials = spec.trials()
-        n_units = sum(len(p.splits) for p in plan.pairs)
-        sink = _Sink(str(out), tcfg, tags, len(trials), progress, n_units)
-        say(
-            progress,
-            f"study {spec.name!r}: {len(trials)} trials x {n_units} fits "
-            f"({len(plan.pairs)} pairs); output {out}",
-        )
-        t1, tune_t0 = time.perf_counter(), time.time()
-        _run_trials(spec, plan_path, trials, sink, max_trials=max_trials, progress=progress)
-        tune_s = time.perf_counter() - t1
-        timing = {
-            "ray_start_s": ray_start_s,
-            "data_and_gram_s": gram_s,
-            "tune_wall_s": tune_s,
-            "tune_t0": tune_t0,
-            "tune_t1": time.time(),
-            "cpus": float(ray.cluster_resources().get("CPU", 1.0)),
-        }
-        t2 = time.perf_counter()
-        rep = report_study(spec, tracker=tracker, progress=progress, timing=timing)
-        timing["report_s"] = time.perf_counter() - t2
-        timing["study_wall_s"] = time.perf_counter() - t_start
-        _write_state(spec, {"last_run": timing})
-        say(progress, "study: " + timing_line(rep["timing"], timing))
-        return rep
     finally:
-        if owned:
-            ray.shutdown()
+        executor.close()
+    stages["study_wall_s"] = rep["timing"]["study_wall_s"] = time.perf_counter() - t_start
+    _write_state(spec, {"last_run": stages})
+    say(progress, "study: " + timing_line(rep["timing"], stages))
+    return rep
+
+
+def _run_started(
+    spec: StudySpec,
+    executor: Executor,
+    store: Path,
+    split_file: Path | None,
+    stages: dict,
+    *,
+    tracking_uri: str | None,
+    track: bool,
+    progress: bool | None,
+    max_trials: int | None,
+) -> dict:
+    """The study once its executor has started: Grams, plan, trials, report."""
+    t0 = time.perf_counter()
+    grams = compute_grams(spec, store, address=executor.gram_address, progress=progress)
+    stages["data_and_gram_s"] = time.perf_counter() - t0 + stages.pop("data_check_s")
+    provenance = gram_provenance(grams)
+    _write_state(spec, {"grams": provenance})
+    plan_path = spec.output / PLAN_FILE
+    plan = _study_plan(spec, store, split_file, grams, plan_path)
+    trials = spec.trials()
+    n_units = sum(len(p.splits) for p in plan.pairs)
+    tracker, sink = _tracking(spec, plan, provenance, tracking_uri, track, progress)
+    say(
+        progress,
+        f"study {spec.name!r}: {len(trials)} trials x {n_units} fits ({len(plan.pairs)} "
+        f"pairs) on the {executor.name} executor; output {spec.output}",
+    )
+    t1, stages["trials_t0"] = time.perf_counter(), time.time()
+    _run_trials(spec, executor, plan_path, trials, sink, max_trials=max_trials, progress=progress)
+    stages["trials_wall_s"] = time.perf_counter() - t1
+    stages["trials_t1"], stages["cpus"] = time.time(), executor.cpus()
+    t2 = time.perf_counter()
+    rep = report_study(spec, tracker=tracker, progress=progress, timing=stages, log=track)
+    stages["report_s"] = time.perf_counter() - t2
+    return rep
+
+
+def _tracking(
+    spec: StudySpec,
+    plan: StudyPlan,
+    provenance: dict,
+    uri: str | None,
+    track: bool,
+    progress: bool | None,
+) -> tuple:
+    """The study's MLflow tracker (``None`` when not tracking) and its trial sink."""
+    total, units = len(spec.trials()), sum(len(p.splits) for p in plan.pairs)
+    if not track:
+        return None, TrialSink(str(spec.output), {}, {}, total, progress, units)
+    from mmdtl2_dist.store.feature_store import FeatureStore
+    from mmdtl2_dist.study.tracking import class_names
+
+    names = class_names(FeatureStore.open(plan.pairs[0].store).metadata)
+    tcfg = tracker_config(spec, uri, names)
+    tracker = _tracker(spec, uri)
+    tags = {
+        "split_seed": str(spec.seed),
+        "data_fingerprint": plan.data_fingerprint,
+        "code_version": _code_version(),
+        "study": spec.name,
+    }
+    tracker.log_parent(
+        params={**_flat_params(spec), **{f"gram.{s}": g["key"] for s, g in provenance.items()}},
+        tags={**tags, **{f"gram_path.{s}": g["path"] for s, g in provenance.items()}},
+        files=[spec.path] if spec.path else [],
+    )
+    return tracker, TrialSink(str(spec.output), tcfg, tags, total, progress, units)
 
 
 _COST_RANK = {
@@ -823,55 +751,21 @@ def _missing(spec: StudySpec, trials: list) -> list:
     return [t for t in trials if not (results / f"{t.key}.json").exists()]
 
 
-def _fit(tuner, sink: _Sink, out: Path) -> None:
-    _STOP["in_tune"] = True
-    try:
-        grid = tuner.fit()
-    finally:
-        _STOP["in_tune"] = False
-    for r in grid:  # results the callback missed (e.g. the driver died right after)
-        if r.metrics and "payload" in r.metrics:
-            sink(json.loads(r.metrics["payload"]))
-    if _STOP["signum"] is not None:
-        raise KeyboardInterrupt  # trials stopped by a signal; see _stop_on_signals
-    errors = list(grid.errors)
-    if errors:
-        raise RuntimeError(
-            f"{len(errors)} trial(s) failed; the first error: {errors[0]}. Fix the cause and "
-            f"run `mmdtl2 study resume {out}`."
-        )
-
-
-def _tune_name(out: Path) -> str:
-    """A new experiment name in ``out``: ``tune``, else ``tune-1``, ``tune-2``, ..."""
-    name, k = TUNE_DIR, 0
-    while (out / name).exists():
-        k += 1
-        name = f"{TUNE_DIR}-{k}"
-    return name
-
-
 def _run_trials(
     spec: StudySpec,
+    executor: Executor,
     plan_path: Path,
     trials: list,
-    sink: _Sink,
+    sink: TrialSink,
     *,
     max_trials: int | None,
-    progress: bool,
+    progress: bool | None,
 ) -> None:
-    """Run the trials that have no result file yet, in a new Tune experiment.
+    """Run the trials that have no result file yet on the executor.
 
-    A trial is done when ``<output>/results/<key>.json`` exists; each run of the study
-    that has trials to do runs the missing ones as a fresh experiment ``tune``,
-    ``tune-1``, .... Nothing of Tune's own experiment state is read back:
-    ``Tuner.restore`` would unpickle it from the study folder (its ``tuner.pkl`` and the
-    trials' state), and it would bring nothing more, since a trial reports once, at its
-    end, and keeps no checkpoint, so an unfinished trial starts over either way.
+    A trial is done when ``<output>/results/<key>.json`` exists, so a run, a resume
+    and a run on another executor all pick up where the last one stopped.
     """
-    from ray import tune
-
-    out = spec.output
     missing = _missing(spec, trials)
     # Longest first (a rough per-method cost rank), so that on few CPUs a slow trial does
     # not start last and run alone; the report keeps the spec's column order.
@@ -882,27 +776,7 @@ def _run_trials(
         return
     if len(missing) < len(trials):
         say(progress, f"study: {len(trials) - len(missing)} trials already done, kept")
-    tuner = tune.Tuner(
-        _trainable(spec),
-        param_space={
-            "plan_path": str(plan_path),
-            "split_tasks": spec.split_tasks,
-            "trial": tune.grid_search([t.to_dict() for t in todo]),
-        },
-        tune_config=tune.TuneConfig(
-            reuse_actors=True,
-            trial_dirname_creator=trial_dirname,
-            max_concurrent_trials=spec.max_concurrent_trials or None,
-        ),
-        run_config=tune.RunConfig(
-            name=_tune_name(out),
-            storage_path=str(out),
-            verbose=0,
-            callbacks=[StudyCallback(sink)],
-            stop=_StopOnSignal(),
-        ),
-    )
-    _fit(tuner, sink, out)
+    executor.run(spec, str(plan_path), todo, sink)
 
 
 def _code_version() -> str:
@@ -1003,14 +877,14 @@ def report_study(
 def cpu_accounting(
     intervals: list[tuple[float, float, int]], t0: float, t1: float, cpus: float
 ) -> dict[str, float]:
-    """Split the CPU time of a Tune phase into trials running and idle CPUs.
+    """Split the CPU time of a trial phase into trials running and idle CPUs.
 
     Parameters
     ----------
     intervals : list of (start, end, cpus)
         Epoch seconds of each trial and the CPUs it holds.
     t0, t1 : float
-        The Tune phase (epoch seconds).
+        The trial phase (epoch seconds).
     cpus : float
         CPUs of the cluster.
 
@@ -1019,9 +893,10 @@ def cpu_accounting(
     dict
         ``capacity_cpu_s`` (``cpus * (t1 - t0)``) = ``in_trials_cpu_s`` (CPUs held by
         running trials) + ``scheduling_idle_cpu_s`` (idle while some trial had not
-        started yet: Ray Tune's start-up, actor start, result handling and driver-side
-        MLflow logging) + ``tail_idle_cpu_s`` (idle after the last trial started: too few
-        trials left to fill the CPUs, i.e. load imbalance).
+        started yet: the executor's start-up (Ray Tune and its actors, or worker
+        processes), result handling and driver-side MLflow logging) +
+        ``tail_idle_cpu_s`` (idle after the last trial started: too few trials left to
+        fill the CPUs, i.e. load imbalance).
     """
     last_start = max((a for a, _, _ in intervals), default=t0)
     edges = sorted({t0, t1, *(min(max(x, t0), t1) for a, b, _ in intervals for x in (a, b))})
@@ -1044,7 +919,7 @@ def cpu_accounting(
 
 
 def study_timing(payloads: list[dict], timing: dict) -> dict:
-    """Timings of a study: its stages, and where the CPU time of the Tune phase went.
+    """Timings of a study: its stages, and where the CPU time of the trial phase went.
 
     ``solver_cpu_s`` is the sum of the method fits (what the study is for),
     ``gram_slicing_cpu_s`` the sum of loading and slicing cached Gram blocks, and
@@ -1059,9 +934,9 @@ def study_timing(payloads: list[dict], timing: dict) -> dict:
         "solver_cpu_s": float(sum(p["solver_s"] for p in payloads)),
         "gram_slicing_cpu_s": float(sum(p.get("slice_s", p.get("load_s", 0.0)) for p in payloads)),
     }
-    t0, t1, cpus = timing.get("tune_t0"), timing.get("tune_t1"), timing.get("cpus")
+    t0, t1, cpus = timing.get("trials_t0"), timing.get("trials_t1"), timing.get("cpus")
     if t0 and t1 and cpus:
-        # Only trials of this run's Tune phase (a resumed study also holds older ones).
+        # Only trials of this run's trial phase (a resumed study also holds older ones).
         mine = [p for p in payloads if "t_start" in p and t0 - 1 <= p["t_start"] <= t1]
         acc = cpu_accounting(
             [(p["t_start"], p["t_end"], int(p.get("cpus", 1))) for p in mine], t0, t1, cpus
@@ -1074,15 +949,16 @@ def study_timing(payloads: list[dict], timing: dict) -> dict:
         acc["trial_other_cpu_s"] = max(acc["in_trials_cpu_s"] - solver - slicing, 0.0)
         acc["solver_share"] = solver / acc["capacity_cpu_s"] if acc["capacity_cpu_s"] else 0.0
         out.update(acc)
-    return {**{k: v for k, v in timing.items() if k not in ("tune_t0", "tune_t1")}, **out}
+    return {**{k: v for k, v in timing.items() if k not in ("trials_t0", "trials_t1")}, **out}
 
 
 def timing_line(t: dict, stages: dict) -> str:
     """One line of the study's timing for the progress output."""
     line = (
-        f"{stages.get('study_wall_s', 0):.0f} s wall (Ray start {stages.get('ray_start_s', 0):.0f}"
-        f" s, data + Gram {stages.get('data_and_gram_s', 0):.0f} s, trials "
-        f"{stages.get('tune_wall_s', 0):.0f} s, report {stages.get('report_s', 0):.0f} s)"
+        f"{stages.get('study_wall_s', 0):.0f} s wall ({stages.get('executor', '?')} executor "
+        f"start {stages.get('executor_start_s', 0):.0f} s, data + Gram "
+        f"{stages.get('data_and_gram_s', 0):.0f} s, trials {stages.get('trials_wall_s', 0):.0f}"
+        f" s, report {stages.get('report_s', 0):.0f} s)"
     )
     if "capacity_cpu_s" in t:
         line += (

@@ -318,11 +318,7 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0, on_unit=No
     Returns
     -------
     dict
-        The trial (:meth:`TrialSpec.to_dict`), ``units`` (per-unit results), ``accuracy``
-        and ``accuracy_std`` over units, and timings: ``wall_s`` (the trial, start to
-        end), ``solver_s`` (sum of the units' method fits, CV included), ``slice_s`` (sum
-        of Gram loading and slicing), ``t_start``/``t_end`` (epoch seconds, for the
-        study's slot accounting) and ``cpus`` (processes that worked on it).
+        See :func:`trial_payload`.
     """
     t_start = time.time()
     t0 = time.perf_counter()
@@ -336,22 +332,48 @@ def evaluate_trial(plan_path: str, trial: dict, split_tasks: int = 0, on_unit=No
         refs = [remote.remote(plan_path, trial, c) for c in shares[:-1] if c]
         results = run_units(plan_path, trial, shares[-1], on_unit)
         results += [r for part in ray.get(refs) for r in part]
-        results.sort(key=lambda r: (r["pair"], r["split"]))
     else:
         results = run_units(plan_path, trial, units, on_unit)
-    wall = time.perf_counter() - t0
+    timing = {
+        "wall_s": time.perf_counter() - t0,
+        "t_start": t_start,
+        "t_end": time.time(),
+        "cpus": 1 + split_tasks,
+    }
+    return trial_payload(plan, trial, results, timing)
+
+
+def trial_payload(plan: StudyPlan, trial: dict, results: list[dict], timing: dict) -> dict:
+    """A trial's payload from its units' results, in whatever order they were computed.
+
+    The units are put in the plan's order (pair, then split) first, so the payload, and
+    the mean over its units, has the same bits whichever executor computed them and
+    however it shared them out.
+
+    Returns
+    -------
+    dict
+        The trial (:meth:`TrialSpec.to_dict`), ``units`` (per-unit results), ``accuracy``
+        and ``accuracy_std`` over units, and ``timing``: ``wall_s`` (the trial, start to
+        end), ``t_start``/``t_end`` (epoch seconds, for the study's slot accounting) and
+        ``cpus`` (processes that worked on it); and the sums ``solver_s`` (the units'
+        method fits, CV included) and ``slice_s`` (Gram loading and slicing).
+    """
+    units = [(p.name, s.index) for p in plan.pairs for s in p.splits]
+    order = {u: k for k, u in enumerate(units)}
+    results = sorted(results, key=lambda r: order[(r["pair"], r["split"])])
     acc = np.array([r["accuracy"] for r in results])
     return {
         **trial,
         "units": results,
         "accuracy": float(acc.mean()),
         "accuracy_std": float(acc.std(ddof=1)) if acc.size > 1 else 0.0,
-        "wall_s": wall,
+        "wall_s": timing["wall_s"],
         "solver_s": float(sum(r["fit_s"] for r in results)),
         "slice_s": float(sum(r["slice_s"] for r in results)),
-        "t_start": t_start,
-        "t_end": time.time(),
-        "cpus": 1 + split_tasks,
+        "t_start": timing["t_start"],
+        "t_end": timing["t_end"],
+        "cpus": timing["cpus"],
     }
 
 
