@@ -523,8 +523,8 @@ def test_hinge_weight_out_of_range_names_the_parameter(Est):
 
 
 def test_qp_failure_inside_the_range_names_the_hinge_weights():
-    """Large (accepted) c_t on overlapping 3-d classes: the W-step QP cannot be solved."""
-    rng = np.random.default_rng(0)
+    """Large (accepted) c_t on overlapping 3-d classes: the dual QPs cannot be solved."""
+    rng = np.random.default_rng(1)
     Xs, ys = rng.normal(size=(60, 3)), rng.integers(0, 3, 60)
     Xt, yt = rng.normal(size=(12, 3)) + 0.3, np.repeat([0, 1, 2], 4)
     from mmdtl2_dist.core.errors import QPSolveError

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from mmdtl2_dist.core import mmdt_hoffman as mh
 from mmdtl2_dist.core.methods import DEFAULTS, GramProblem, fit_predict
 from mmdtl2_dist.core.mmdt_hoffman import bregman_wstep, fit_predict_mmdt_hoffman
 from mmdtl2_dist.core.qp import solve_box_qp
@@ -197,6 +198,45 @@ def test_pca_dim_above_rank_rejected():
     Xs, ys, Xt, yt, Xq, _ = _data(0, 3, L=4)
     with pytest.raises(ValueError, match="rank"):
         fit_predict("mmdt_hoffman", {"pca_dim": 8}, _problem(Xs, ys, Xt, yt, Xq))
+
+
+def _pca_gram_by_svd(Z, d):
+    """Gram of the uncentred rows of ``Z`` on the top ``d`` centred principal axes."""
+    _, _, Vt = np.linalg.svd(Z - Z.mean(axis=0), full_matrices=False)
+    F = Z @ Vt[:d].T
+    return F @ F.T
+
+
+def test_pca_gram_of_many_samples_by_lanczos_equals_svd():
+    """From LANCZOS_MIN_N samples on, the top eigenpairs come from Lanczos (ARPACK): the
+    projected Gram equals the one from the SVD of the explicit features to rounding, with
+    a nearly repeated eigenvalue next to the cut."""
+    rng = np.random.default_rng(4)
+    n, L, d = 620, 60, 12
+    scales = np.r_[np.linspace(5.0, 2.0, d), 1.999, np.linspace(1.5, 0.2, L - d - 1)]
+    Z = rng.standard_normal((n, L)) * scales + 0.3
+    assert n >= mh.LANCZOS_MIN_N  # the branch under test
+    got = mh.pca_gram(Z @ Z.T, d)
+    ref = _pca_gram_by_svd(Z, d)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+def test_top_eigenpairs_fall_back_to_the_dense_solver(monkeypatch):
+    """Where Lanczos does not converge, the dense solver answers (same eigenpairs)."""
+    import scipy.sparse.linalg as spla
+
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((600, 40))
+    A = A @ A.T
+
+    def no_convergence(*args, **kwargs):
+        raise spla.ArpackNoConvergence("no convergence", np.zeros(0), np.zeros((600, 0)))
+
+    lanczos = mh.top_eigenpairs(A, 5)
+    monkeypatch.setattr(spla, "eigsh", no_convergence)
+    dense = mh.top_eigenpairs(A, 5)
+    np.testing.assert_allclose(lanczos[0], dense[0], rtol=1e-12)
+    np.testing.assert_allclose(np.abs(lanczos[1].T @ dense[1]), np.eye(5), atol=1e-10)
 
 
 # --------------------------------------------------------------------------- Office-Caltech10

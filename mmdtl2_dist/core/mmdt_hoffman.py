@@ -112,7 +112,7 @@ def pca_gram(G: np.ndarray, d: int) -> np.ndarray:
     Gc = G - G.mean(axis=0, keepdims=True)
     Gc = Gc - Gc.mean(axis=1, keepdims=True)
     Gc = 0.5 * (Gc + Gc.T)
-    lam, U = sla.eigh(Gc, subset_by_index=[n - d, n - 1])
+    lam, U = top_eigenpairs(Gc, d)
     if lam[0] <= 1e-10 * max(lam[-1], np.finfo(float).tiny):
         raise ValueError(
             f"pca_dim={d} exceeds the rank of the centred samples (eigenvalues {lam[0]:.3g} "
@@ -120,6 +120,35 @@ def pca_gram(G: np.ndarray, d: int) -> np.ndarray:
         )
     GU = G @ U
     return (GU / lam) @ GU.T
+
+
+# From this many samples on, the top eigenpairs come from a Lanczos method (ARPACK):
+# 2-3x faster than the dense solver's tridiagonalisation at the Office study's 1,000 to
+# 1,300 samples, and the same eigenspace to rounding (BENCHMARKS.md).
+LANCZOS_MIN_N = 500
+
+
+def top_eigenpairs(A: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``d`` largest eigenvalues of the symmetric ``A`` (ascending) and eigenvectors.
+
+    Implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``, to machine precision,
+    from a fixed start: deterministic) when ``A`` is large and ``d`` small next to it;
+    the dense solver otherwise, and wherever Lanczos does not converge.
+    """
+    n = A.shape[0]
+    if n >= LANCZOS_MIN_N and 4 * d < n:
+        from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+
+        # Not the all-ones vector: it is the null vector of a centred Gram.
+        v0 = np.random.default_rng(0).standard_normal(n)
+        try:
+            lam, U = eigsh(A, k=d, which="LA", v0=v0, tol=0.0)
+        except ArpackNoConvergence:
+            pass
+        else:
+            order = np.argsort(lam)
+            return lam[order], U[:, order]
+    return sla.eigh(A, subset_by_index=[n - d, n - 1])
 
 
 # --------------------------------------------------------------------------- SVM-step

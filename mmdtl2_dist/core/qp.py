@@ -24,8 +24,9 @@ Two solvers are offered behind one front end, :func:`solve_box_qp`:
     support vectors, usually far smaller than ``n``, and the method terminates after a
     handful of iterations with an exact KKT point. Singular ``H`` (rank-deficient Grams)
     is handled by a few proximal-point refinements. If the sets cycle, the solve continues
-    with a monotone projected Newton method, and, for the rare singular and badly scaled
-    problems where that stalls, with an interior-point method (Clarabel).
+    with coordinate descent and polishing (``"dcd"`` below; up to 1,500 variables), then
+    OSQP or a monotone projected Newton method, and, for the rare singular and badly
+    scaled problems where those stall, with an interior-point method (Clarabel).
 ``"dcd"``
     Dual coordinate descent finished by exact Newton steps on the free variables
     (:mod:`mmdtl2_dist.core.dcd`); indifferent to singular ``H``, which makes it the
@@ -66,7 +67,8 @@ class QPResult:
         ``"solved"`` or, for OSQP, its own status string when it is acceptable
         (``"solved inaccurate"`` is only accepted if the KKT residual meets the tolerance).
     solver : str
-        The solver that produced ``x`` (``"pdas"``, ``"osqp"`` or ``"pdas+osqp"``).
+        The solver that produced ``x``: ``"pdas"``, ``"dcd"``, ``"osqp"``, or the
+        active-set method's rescuer after a ``+`` (``"pdas+dcd"``, ``"pdas+osqp"``, ...).
     kkt_residual : float
         Relative projected-gradient residual of ``x`` (see module docstring).
     iterations : int
@@ -345,6 +347,76 @@ def jacobi_scale(diag: np.ndarray) -> np.ndarray:
     return np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1.0)
 
 
+# Sweep budget of coordinate descent when it rescues a cycling active-set solve.
+RESCUE_SWEEPS = 500
+
+
+def _dcd(Hs, fs, lbs, ubs, y0, tol, max_epochs=5_000):
+    """Coordinate descent with polishing (:mod:`mmdtl2_dist.core.dcd`): ``(y, sweeps, ok)``.
+
+    ``tol`` is relative, as everywhere in this module; the solver's is absolute.
+    """
+    from mmdtl2_dist.core.dcd import dcd_box_qp
+
+    fscale = max(1.0, float(np.max(np.abs(fs), initial=0.0)))
+    y, sweeps, ok, _ = dcd_box_qp(Hs, fs, lbs, ubs, y0, tol * fscale, max_epochs)
+    return y, sweeps, ok
+
+
+def _rescue(Hs, fs, lbs, ubs, cands, tol, max_iter, try_dcd):
+    """Other solvers after the active-set method cycled; appends to ``cands``.
+
+    ``cands`` holds ``(residual, y, provenance, status)`` tuples, the active-set point
+    first; every further point is added and the caller keeps the best. Cheapest first:
+    coordinate descent with polishing (``try_dcd``: not tried yet; exact and a few
+    milliseconds on the well-conditioned W-steps where the active sets cycle), then for
+    the size OSQP (warm-started, polished; fast for a few hundred variables but it
+    factorises the dense Hessian, which a projected Newton method does not). Returns the
+    iterations spent.
+    """
+    n = fs.shape[0]
+    order = ("osqp", "newton") if n <= 1500 else ("newton", "osqp")
+    if try_dcd and n <= 1500:
+        order = ("dcd", *order)
+    iters = 0
+    for alt in order:
+        if alt == "dcd":
+            ya, it2, okd = _dcd(Hs, fs, lbs, ubs, cands[0][1], tol, RESCUE_SWEEPS)
+            st = "solved" if okd else "maximum iterations reached"
+        elif alt == "osqp":
+            # Capped: on very singular problems OSQP can crawl; Newton comes next.
+            ya, it2, st = _osqp(Hs, fs, lbs, ubs, cands[0][1], tol, max_iter or 2_000)
+        else:
+            ya, it2, okn = _projected_newton(Hs, fs, lbs, ubs, cands[0][1], tol, 500)
+            st = "solved" if okn else "maximum iterations reached"
+        iters += it2
+        if ya is not None:
+            cands.append((kkt_residual(Hs, fs, ya, lbs, ubs), ya, "pdas+" + alt, st))
+        if min(c[0] for c in cands) <= tol:
+            return iters
+    if min(c[0] for c in cands) > tol:
+        # Singular and badly scaled (e.g. c_d = 0 with tiny c_f): interior point.
+        yc, it3, st3 = _clarabel(Hs, fs, lbs, ubs)
+        iters += it3
+        cands.append((kkt_residual(Hs, fs, yc, lbs, ubs), yc, "pdas+clarabel", st3))
+        if cands[-1][0] > tol:
+            # Interior points stop short of the bounds on very ill-conditioned
+            # problems; active-set steps from there identify the face.
+            yp, it4, _ = _pdas(Hs, fs, lbs, ubs, yc, tol, max_iter or 100)
+            iters += it4
+            cands.append((kkt_residual(Hs, fs, yp, lbs, ubs), yp, "pdas+clarabel", st3))
+    if min(c[0] for c in cands) > max(1e3 * tol, 1e-5):
+        # Last resort: OSQP with its full budget from the best point so far (only
+        # when no point is acceptable: on Hessians with condition numbers ~1e12
+        # it can take 200,000 iterations, tens of seconds, for the last digits).
+        best = min(cands, key=lambda c: c[0])[1]
+        yo, it5, st5 = _osqp(Hs, fs, lbs, ubs, best, tol, max_iter or 200_000)
+        iters += it5
+        if yo is not None:
+            cands.append((kkt_residual(Hs, fs, yo, lbs, ubs), yo, "pdas+osqp", st5))
+    return iters
+
+
 def solve_scaled_box_qp(
     Hs: np.ndarray,
     fs: np.ndarray,
@@ -369,16 +441,10 @@ def solve_scaled_box_qp(
         return QPResult(np.zeros(0), "solved", solver, 0.0, 0, 0.0, 0.0)
     lbs = np.array(np.broadcast_to(np.asarray(lbs, dtype=np.float64), (n,)))
     ubs = np.array(np.broadcast_to(np.asarray(ubs, dtype=np.float64), (n,)))
-    used = solver
-    iters = 0
-    status = "solved"
-    y = None
+    used, iters, status, y = solver, 0, "solved", None
     dcd_point = dcd_res = None
     if solver == "dcd":
-        from mmdtl2_dist.core.dcd import dcd_box_qp
-
-        fscale = max(1.0, float(np.max(np.abs(fs), initial=0.0)))
-        y, iters, ok, _ = dcd_box_qp(Hs, fs, lbs, ubs, y0, tol * fscale)
+        y, iters, ok = _dcd(Hs, fs, lbs, ubs, y0, tol)
         if not ok:
             # The active-set chain, from where the caller asked (coordinate descent can
             # stall on very ill-conditioned Hessians in a corner the chain would not
@@ -396,45 +462,10 @@ def solve_scaled_box_qp(
             if ok:
                 break
         if not ok:
-            # Fallbacks, cheapest first for the size: OSQP (warm-started, polished) is fast
-            # for a few hundred variables but factorises the dense Hessian, which a
-            # projected Newton method does not.
-            order = ("osqp", "newton") if n <= 1500 else ("newton", "osqp")
             cands = [(kkt_residual(Hs, fs, y, lbs, ubs), y, "pdas", "solved")]
             if dcd_point is not None:
                 cands.append((dcd_res, dcd_point, "dcd", "solved"))
-            for alt in order:
-                if alt == "osqp":
-                    # Capped: on very singular problems OSQP can crawl; Newton comes next.
-                    ya, it2, st = _osqp(Hs, fs, lbs, ubs, cands[0][1], tol, max_iter or 2_000)
-                else:
-                    ya, it2, okn = _projected_newton(Hs, fs, lbs, ubs, cands[0][1], tol, 500)
-                    st = "solved" if okn else "maximum iterations reached"
-                iters += it2
-                if ya is not None:
-                    cands.append((kkt_residual(Hs, fs, ya, lbs, ubs), ya, "pdas+" + alt, st))
-                if min(c[0] for c in cands) <= tol:
-                    break
-            if min(c[0] for c in cands) > tol:
-                # Singular and badly scaled (e.g. c_d = 0 with tiny c_f): interior point.
-                yc, it3, st3 = _clarabel(Hs, fs, lbs, ubs)
-                iters += it3
-                cands.append((kkt_residual(Hs, fs, yc, lbs, ubs), yc, "pdas+clarabel", st3))
-                if cands[-1][0] > tol:
-                    # Interior points stop short of the bounds on very ill-conditioned
-                    # problems; active-set steps from there identify the face.
-                    yp, it4, _ = _pdas(Hs, fs, lbs, ubs, yc, tol, max_iter or 100)
-                    iters += it4
-                    cands.append((kkt_residual(Hs, fs, yp, lbs, ubs), yp, "pdas+clarabel", st3))
-            if min(c[0] for c in cands) > max(1e3 * tol, 1e-5):
-                # Last resort: OSQP with its full budget from the best point so far (only
-                # when no point is acceptable: on Hessians with condition numbers ~1e12
-                # it can take 200,000 iterations, tens of seconds, for the last digits).
-                best = min(cands, key=lambda c: c[0])[1]
-                yo, it5, st5 = _osqp(Hs, fs, lbs, ubs, best, tol, max_iter or 200_000)
-                iters += it5
-                if yo is not None:
-                    cands.append((kkt_residual(Hs, fs, yo, lbs, ubs), yo, "pdas+osqp", st5))
+            iters += _rescue(Hs, fs, lbs, ubs, cands, tol, max_iter, dcd_point is None)
             _, y, used, status = min(cands, key=lambda c: c[0])
     if y is None:
         y, it2, status = _osqp(Hs, fs, lbs, ubs, y0, tol, max_iter or 200_000)
