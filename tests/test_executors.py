@@ -162,13 +162,21 @@ def test_local_executor_reports_failed_trials_and_keeps_the_others(tmp_path):
     assert len(rep["missing"]) == 2 and len(list((tmp_path / "out" / "results").iterdir())) == 6
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    """A process's command line; empty for one that exited (or is a zombie) meanwhile."""
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
 def _workers(pid: int) -> list[psutil.Process]:
     """The local executor's worker processes under process ``pid``."""
     return [
         p
         for p in psutil.Process(pid).children(recursive=True)
-        if any("multiprocessing" in a for a in p.cmdline())
-        and not any("resource_tracker" in a for a in p.cmdline())
+        if any("multiprocessing" in a for a in _cmdline(p))
+        and not any("resource_tracker" in a for a in _cmdline(p))
     ]
 
 
@@ -233,7 +241,7 @@ def test_killed_driver_leaves_no_local_worker(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     _, alive = psutil.wait_procs(workers, timeout=60)
-    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    assert not alive, [(p.pid, _cmdline(p)) for p in alive]
 
 
 @pytest.mark.parametrize(
