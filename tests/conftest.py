@@ -35,3 +35,18 @@ def mlflow_sqlite(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return {"tracking_uri": uri, "artifact_root": str(tmp_path / "artifacts")}
+
+
+@pytest.fixture(autouse=True)
+def _restore_sys_path():
+    """Undo what a test's ``mlflow.pyfunc.load_model`` leaves in ``sys.path``.
+
+    MLflow prepends a model's ``code/`` folder for good; ours holds a few
+    ``mmdtl2_dist`` modules under the package's name, which would shadow the package for
+    the later tests of this process and the worker processes they spawn.
+    """
+    import sys
+
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved

@@ -195,8 +195,18 @@ def test_cycling_active_sets_are_rescued_by_coordinate_descent(monkeypatch):
     makes the primal-dual active sets cycle; coordinate descent with polishing finishes
     it at the interior-point optimum, exactly (it used to take OSQP tens of ms)."""
     import mmdtl2_dist.core.mmdtl2 as mm
-    from mmdtl2_dist.core.methods import fit_predict
-    from mmdtl2_dist.office import split_problem
+    from mmdtl2_dist.core.methods import GramProblem, fit_predict
+    from mmdtl2_dist.core.preprocessing import fit_preprocessing
+    from mmdtl2_dist.datasets.office_caltech import load_domain, load_hoffman_splits
+
+    def split_problem(source, target, k):
+        (s, t), sp = map(load_domain, (source, target)), load_hoffman_splits(source, target)[k]
+        Xs, Xt = (fit_preprocessing(d.X, "l2_zscore").transform(d.X) for d in (s, t))
+        prob = GramProblem.from_features(
+            Xs[sp.source_train], s.y[sp.source_train], Xt[sp.target_train],
+            t.y[sp.target_train], Xt[sp.target_test],
+        )  # fmt: skip
+        return prob, t.y[sp.target_test]
 
     seen = []
 

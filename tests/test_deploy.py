@@ -168,11 +168,15 @@ def test_register_best_trial_and_predict_exactly(study, tmp_path, capsys):
     # `mmdtl2 predict` from the registry == the in-process estimator, exactly
     X = target_samples(study)
     np.save(tmp_path / "X.npy", X)
+    sys_path = list(sys.path)
     rc = main(
         ["predict", "--model", "models:/tiny-adapter@champion", str(tmp_path / "X.npy"),
          "-o", str(tmp_path / "p.parquet"), "--tracking-uri", uri_of(study), "--quiet"]
     )  # fmt: skip
     assert rc == 0
+    # MLflow prepends the model's code/ (a partial mmdtl2_dist) to sys.path; the load
+    # puts it back, so later imports here and in spawned workers find the package
+    assert sys.path == sys_path
     pred = pd.read_parquet(tmp_path / "p.parquet")
     est = reference_estimator(study)
     np.testing.assert_array_equal(pred["label"].to_numpy(), est.predict(X))
@@ -742,7 +746,7 @@ def test_register_and_predict_with_credentials(auth_server, tmp_path, monkeypatc
 
     # No credentials: refused, with what to set.
     _login(monkeypatch, None)
-    assert main(argv) == 2
+    assert main([*argv[:5], str(tmp_path / "p_anonymous.parquet"), *argv[6:]]) == 2
     err = capsys.readouterr().err
     assert "cannot load model 'models:/secure@champion'" in err and "401" in err
     assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in err

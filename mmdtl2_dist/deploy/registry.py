@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,8 +148,25 @@ def load_registered_model(model_uri: str, tracking_uri: str | None = None):
     import mlflow
 
     uri = model_store_uri(model_uri, tracking_uri)
-    with model_lookup(model_uri, uri), use_tracking_uri(uri):
+    with model_lookup(model_uri, uri), use_tracking_uri(uri), keeping_sys_path():
         return mlflow.pyfunc.load_model(model_uri)
+
+
+@contextmanager
+def keeping_sys_path():
+    """Put ``sys.path`` back after loading a model.
+
+    MLflow prepends a model's ``code/`` folder to ``sys.path`` for good. Ours holds the
+    few ``mmdtl2_dist`` modules that scoring needs, under the package's own name, so it
+    would shadow the installed package for every later import in this process and in the
+    worker processes it spawns (which copy ``sys.path``). The model's modules are
+    imported by the time the load returns, so the folder is not needed afterwards.
+    """
+    saved = list(sys.path)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 def download_registered_model(model_uri: str, tracking_uri: str | None, dst: str) -> str:
