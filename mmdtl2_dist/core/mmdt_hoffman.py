@@ -122,32 +122,28 @@ def pca_gram(G: np.ndarray, d: int) -> np.ndarray:
     return (GU / lam) @ GU.T
 
 
-# From this many samples on, the top eigenpairs come from a Lanczos method (ARPACK):
-# 2-3x faster than the dense solver's tridiagonalisation at the Office study's 1,000 to
-# 1,300 samples, and the same eigenspace to rounding (BENCHMARKS.md).
+# From this many samples on, Lanczos: 2-3x faster than the dense solver at the Office
+# study's 1,000-1,300 samples, the same eigenspace to rounding (BENCHMARKS.md).
 LANCZOS_MIN_N = 500
 
 
 def top_eigenpairs(A: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``d`` largest eigenvalues of the symmetric ``A`` (ascending) and eigenvectors.
 
-    Implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``, to machine precision,
-    from a fixed start: deterministic) when ``A`` is large and ``d`` small next to it;
-    the dense solver otherwise, and wherever Lanczos does not converge.
+    Implicitly restarted Lanczos (ARPACK's ``eigsh`` to machine precision, from a fixed
+    start that is not the null vector 1 of a centred Gram) when ``A`` is large and ``d``
+    small next to it; the dense solver otherwise and wherever Lanczos does not converge.
     """
     n = A.shape[0]
     if n >= LANCZOS_MIN_N and 4 * d < n:
         from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
-        # Not the all-ones vector: it is the null vector of a centred Gram.
         v0 = np.random.default_rng(0).standard_normal(n)
         try:
             lam, U = eigsh(A, k=d, which="LA", v0=v0, tol=0.0)
+            return lam[np.argsort(lam)], U[:, np.argsort(lam)]
         except ArpackNoConvergence:
             pass
-        else:
-            order = np.argsort(lam)
-            return lam[order], U[:, order]
     return sla.eigh(A, subset_by_index=[n - d, n - 1])
 
 
