@@ -63,6 +63,7 @@ import numpy as np
 import scipy.linalg as sla
 from numba import njit
 
+from mmdtl2_dist.core.params import DEFAULTS, check_params
 from mmdtl2_dist.core.qp import solve_box_qp
 
 if TYPE_CHECKING:
@@ -380,10 +381,7 @@ def _check_inputs(p: Mapping, prob: GramProblem) -> None:
             raise ValueError(
                 f"GramProblem.Kqq has shape {prob.Kqq.shape}, expected finite ({Q}, {Q})."
             )
-    if int(p["n_iter"]) < 1:
-        raise ValueError(f"n_iter must be >= 1, got {p['n_iter']!r}.")
-    if not (p["c_s"] > 0 and p["c_t"] > 0):
-        raise ValueError(f"c_s and c_t must be positive, got {p['c_s']!r}, {p['c_t']!r}.")
+    check_params("mmdt_hoffman", p)
 
 
 def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -401,7 +399,7 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
         ``n_iter``, ``pca_dim`` (int or None), ``bregman_tol``, ``check_every``,
         ``max_steps``, ``faithful`` (see :func:`bregman_wstep`), ``qp_solver``, ``qp_tol``
         (SVM duals). Missing optional keys take the defaults of
-        ``methods.DEFAULTS["mmdt_hoffman"]``.
+        ``params.DEFAULTS["mmdt_hoffman"]``.
     prob : GramProblem
         Linear Grams of preprocessed features in one shared space (``Kst``, ``Ksq``;
         ``Kqq`` when ``pca_dim`` is set).
@@ -429,8 +427,6 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
     order); the SVM duals are solved exactly. ``K = 2`` gets two hyperplanes (the
     reference indexes a single one and fails), and labels need not be ``1..K``.
     """
-    from mmdtl2_dist.core.methods import DEFAULTS
-
     p = {**DEFAULTS["mmdt_hoffman"], **p}
     _check_inputs(p, prob)
     faithful = bool(p.get("faithful", True))

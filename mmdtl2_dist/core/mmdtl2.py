@@ -50,7 +50,6 @@ digits for ``c_f ≤ 1e-7``; this one stays exact for ``c_f`` down to 1e-12, tes
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -60,58 +59,12 @@ import numpy as np
 
 from mmdtl2_dist.core.dcd import svm_hessian
 from mmdtl2_dist.core.errors import QPSolveError
+from mmdtl2_dist.core.params import WEIGHT_ADVICE, check_values
 from mmdtl2_dist.core.preprocessing import SCALE_FIX, check_scale
 from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_box_qp, solve_scaled_box_qp
 from mmdtl2_dist.core.threads import one_thread
 
 EIG_RTOL = 1e-13  # eigenvalues of Kt below this fraction of the largest are numerical zeros
-
-#: Largest hinge weight (``c_s``, ``c_t``) accepted. The weights bound the dual box QPs of
-#: both steps, and the larger they are, the worse those QPs are conditioned: on
-#: overlapping classes the solvers fail from about 1e7 for ``c_s`` (and, for the W-step of
-#: low-dimensional targets, from 1e3 for ``c_t``; such failures name the weights, see
-#: :func:`hinge_weights_named`). The paper uses 0.1, Hoffman et al. 0.05 and 1, the
-#: bundled studies 0.05 to 1, libsvm's usual grid reaches 2^15.
-HINGE_WEIGHT_MAX = 1e6
-_HINGE_RULE = (
-    f"a positive number of at most {HINGE_WEIGHT_MAX:g}",
-    lambda v: 0 < v <= HINGE_WEIGHT_MAX,
-)
-#: Accepted values of every weight: (what they must be, test of a finite number).
-_WEIGHT_RANGES = {
-    "c_f": ("a positive finite number", lambda v: v > 0),
-    "c_d": ("a non-negative finite number", lambda v: v >= 0),
-    "c_t": _HINGE_RULE,
-    "c_s": _HINGE_RULE,
-}
-_WEIGHT_ADVICE = (
-    "the paper uses 0.1 for each, Hoffman et al.'s MMDT c_s = 0.05 and c_t = 1; the bundled "
-    "studies keep c_s and c_t within 0.05 to 1"
-)
-
-
-def check_weights(params: Mapping) -> None:
-    """Check the weights ``c_f``, ``c_d``, ``c_t``, ``c_s`` found in ``params``.
-
-    Raises ValueError naming the parameter, its value and the accepted range
-    (:data:`HINGE_WEIGHT_MAX` for the hinge weights, positive finite ``c_f``, finite
-    ``c_d ≥ 0``). Absent keys are not checked.
-    """
-    for name, (expect, accepts) in _WEIGHT_RANGES.items():
-        if name not in params:
-            continue
-        v = params[name]
-        is_num = isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
-        if is_num and accepts(v):
-            continue
-        why = ""
-        if is_num and v > HINGE_WEIGHT_MAX:
-            why = (
-                "; larger hinge weights make the dual QPs too ill-conditioned to solve "
-                f"({_WEIGHT_ADVICE})"
-            )
-        got = f"{float(v):g}" if is_num else repr(v)
-        raise ValueError(f"{name} must be {expect}, got {got}{why}.")
 
 
 @contextmanager
@@ -130,7 +83,7 @@ def hinge_weights_named(params: Mapping):
         values = ", ".join(f"{k} = {float(v):g}" for k, v in named.items())
         err = QPSolveError(
             f"{e} The hinge weights {values} bound these QPs, and the larger they are the "
-            f"worse the QPs are conditioned: lower them ({_WEIGHT_ADVICE})."
+            f"worse the QPs are conditioned: lower them ({WEIGHT_ADVICE})."
         )
         err.hinge_weights = named
         raise err from e
@@ -154,8 +107,8 @@ class MMDTL2Params:
         Maximum number of alternations (W-step + SVM-step).
     tol : float
         Stop when the objective decreases by less than ``tol`` relative.
-    qp_solver : {"pdas", "osqp"}
-        Box-QP solver for both steps.
+    qp_solver : str
+        Box-QP solver for both steps (:data:`mmdtl2_dist.core.qp.SOLVERS`).
     qp_tol : float
         Relative KKT tolerance of every QP.
     """
@@ -170,9 +123,7 @@ class MMDTL2Params:
     qp_tol: float = 1e-8
 
     def __post_init__(self) -> None:
-        check_weights(asdict(self))
-        if int(self.max_iter) != self.max_iter or self.max_iter < 1:
-            raise ValueError(f"max_iter must be a positive integer, got {self.max_iter!r}.")
+        check_values(asdict(self))
 
 
 @dataclass
