@@ -54,7 +54,7 @@ def test_box_qp_solvers_agree_and_meet_kkt(n, rank):
     H = A @ A.T
     f = rng.standard_normal(n) * 2
     ub = rng.uniform(0.1, 2.0, n)
-    a = solve_box_qp(H, f, 0.0, ub, solver="pdas", tol=1e-9)
+    a = solve_box_qp(H, f, 0.0, ub, solver="dcd", tol=1e-9)
     b = solve_box_qp(H, f, 0.0, ub, solver="osqp", tol=1e-7)
     assert a.kkt_residual <= 1e-9
     assert np.all(a.x >= 0) and np.all(a.x <= ub)

@@ -157,7 +157,7 @@ def svm_step_sqhinge(
     n_classes: int,
     cost: np.ndarray,
     *,
-    solver: str = "pdas",
+    solver: str = "dcd",
     tol: float = 1e-8,
 ) -> tuple[np.ndarray, list]:
     r"""One-vs-rest L2-regularised squared-hinge SVMs without bias (liblinear ``-s 1``).
@@ -201,10 +201,7 @@ def svm_step_sqhinge(
         yk = np.where(y == k, 1.0, -1.0)
         H = Kz * np.outer(yk, yk)
         H.flat[:: len(y) + 1] += D
-        # "pdas" (our own solvers) runs coordinate descent here: liblinear's method for
-        # this very dual, finished by exact Newton steps (core/dcd.py).
-        qp_solver = "dcd" if solver == "pdas" else solver
-        res = solve_box_qp(H, np.ones(len(y)), 0.0, np.inf, solver=qp_solver, tol=tol)
+        res = solve_box_qp(H, np.ones(len(y)), 0.0, np.inf, solver=solver, tol=tol)
         beta[:, k] = res.x * yk
         qps.append(res)
     return beta, qps

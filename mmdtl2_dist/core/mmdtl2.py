@@ -119,7 +119,7 @@ class MMDTL2Params:
     c_s: float = 0.1
     max_iter: int = 20
     tol: float = 1e-5
-    qp_solver: str = "pdas"
+    qp_solver: str = "dcd"
     qp_tol: float = 1e-8
 
     def __post_init__(self) -> None:
@@ -274,7 +274,7 @@ def svm_step(
     Y: np.ndarray,
     cost: np.ndarray,
     *,
-    solver: str = "pdas",
+    solver: str = "dcd",
     tol: float = 1e-8,
     alpha0: np.ndarray | None = None,
 ) -> SVMStepResult:
@@ -293,10 +293,7 @@ def svm_step(
         One-vs-rest labels.
     cost : ndarray of shape (n,)
         Per-sample hinge weights (``c_s`` for source, ``c_t`` for target samples).
-    solver, tol : see :func:`mmdtl2_dist.core.qp.solve_box_qp`. ``"pdas"`` (the default,
-        "our own solvers") runs dual coordinate descent with polishing
-        (:mod:`mmdtl2_dist.core.dcd`) and continues with the active-set chain of
-        :func:`~mmdtl2_dist.core.qp.solve_box_qp` only if that misses ``tol``.
+    solver, tol : see :func:`mmdtl2_dist.core.qp.solve_box_qp`.
     alpha0 : ndarray of shape (K, n), optional
         Warm start.
 
@@ -315,10 +312,6 @@ def svm_step(
     # the same QP (Hessian Y Kb Y unchanged), so α is shared and coef, b change sign.
     mirrored = K == 2 and np.array_equal(Y[1], -Y[0])
     d = jacobi_scale(np.diag(Kv) + 1.0)
-    # The Hessian Y Kb Y is singular whenever transformed targets lie in the span of the
-    # source samples: "pdas" (our own solvers) runs dual coordinate descent with an
-    # active-set polish here, and the active-set chain only if that misses tol.
-    qp_solver = "dcd" if solver == "pdas" else solver
     for k in range(K):
         y = Y[k]
         if mirrored and k == 1:
@@ -328,7 +321,7 @@ def svm_step(
         t0 = time.perf_counter()
         # Jacobi-scaled as in solve_box_qp, the scaled Hessian built in one compiled pass.
         r = solve_scaled_box_qp(
-            svm_hessian(Kv, y * d), d, 0.0, cost / d, solver=qp_solver, tol=tol,
+            svm_hessian(Kv, y * d), d, 0.0, cost / d, solver=solver, tol=tol,
             y0=None if alpha0 is None else alpha0[k] / d,
         )  # fmt: skip
         alpha = np.clip(r.x * d, 0.0, cost)

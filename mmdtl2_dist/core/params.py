@@ -149,20 +149,20 @@ METHOD_PARAMS: dict[str, dict[str, Param]] = {
 
 #: The parameters of each method and their defaults.
 DEFAULTS: dict[str, dict] = {
-    "source_svm": {"c_s": 1.0, "c_t": 1.0, "qp_solver": "pdas", "qp_tol": 1e-8},
-    "target_svm": {"c_t": 1.0, "qp_solver": "pdas", "qp_tol": 1e-8},
+    "source_svm": {"c_s": 1.0, "c_t": 1.0, "qp_solver": "dcd", "qp_tol": 1e-8},
+    "target_svm": {"c_t": 1.0, "qp_solver": "dcd", "qp_tol": 1e-8},
     "mmdt": {
         "c_f": 1.0, "c_d": 0.0, "c_t": 1.0, "c_s": 0.05, "max_iter": 20, "tol": 1e-5,
-        "qp_solver": "pdas", "qp_tol": 1e-8,
+        "qp_solver": "dcd", "qp_tol": 1e-8,
     },
     "mmdt_hoffman": {
         "c_s": 0.05, "c_t": 1.0, "gamma": 1e-4, "n_iter": 2, "pca_dim": 20,
         "bregman_tol": 0.01, "check_every": 1000, "max_steps": 1_000_000, "faithful": True,
-        "qp_solver": "pdas", "qp_tol": 1e-8,
+        "qp_solver": "dcd", "qp_tol": 1e-8,
     },
     "mmdtl2": {
         "c_f": 0.1, "c_d": 0.1, "c_t": 0.1, "c_s": 0.1, "max_iter": 20, "tol": 1e-5,
-        "qp_solver": "pdas", "qp_tol": 1e-8, "kernel": "linear", "gamma": None, "degree": 2,
+        "qp_solver": "dcd", "qp_tol": 1e-8, "kernel": "linear", "gamma": None, "degree": 2,
         "coef0": 1.0, "prior": "zero", "prior_weight": 1.0, "init": "source",
     },
 }  # fmt: skip
