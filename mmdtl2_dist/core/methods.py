@@ -45,7 +45,10 @@ from mmdtl2_dist.core.preprocessing import check_scale
 from mmdtl2_dist.core.threads import one_thread
 
 _MMDTL2_KEYS = ("c_f", "c_d", "c_t", "c_s", "max_iter", "tol", "qp_solver", "qp_tol")
-NEEDS_SHARED_SPACE = {"source_svm"}
+#: Methods that need source and target in one feature space (``Kst``, ``Ksq``).
+NEEDS_SHARED_SPACE = {"source_svm", "mmdt_hoffman"}
+#: Methods that need the test × test Gram ``Kqq`` (transductive steps).
+NEEDS_TEST_GRAM = {"mmdt_hoffman"}
 
 
 def default_params(method: str) -> dict:

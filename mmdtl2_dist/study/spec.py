@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
 from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
 from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
 from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
@@ -57,7 +58,7 @@ CORE_METHODS = tuple(CORE_DEFAULTS)
 EXTRA_METHODS = ("coral_svm", "sa_svm", "kmm_svm")
 ALL_METHODS = CORE_METHODS + EXTRA_METHODS
 #: Methods that need source and target in one feature space.
-SAME_SPACE_METHODS = ("source_svm", "mmdt_hoffman", "coral_svm", "sa_svm", "kmm_svm")
+SAME_SPACE_METHODS = (*sorted(NEEDS_SHARED_SPACE), *EXTRA_METHODS)
 _SVM_C = positive("hinge weight of the SVM")
 #: Parameters of the skada baselines (their values as skada takes them; ``reg = "auto"`` is
 #: skada's own default).
