@@ -571,11 +571,11 @@ def wstep_problem(K: int, M: int, *, L: int = 800, per_class_source: int = 20, s
     from mmdtl2_dist.core.mmdtl2 import (
         MMDTL2Params,
         fit_mmdtl2_gram,
-        one_vs_rest,
         similarity_weights,
         transfer_operators,
         wstep_dual,
     )
+    from mmdtl2_dist.core.svm import one_vs_rest
 
     N = per_class_source * K
     Xs, ys, Xt, yt, _, _ = scale_data(L, N, M, K, seed, **OVERLAPPING)
@@ -699,7 +699,7 @@ def task_svm(N: int, M: int, L: int, K: int = 2, seed: int = 0) -> dict:
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.svm import SVC, LinearSVC
 
-    from mmdtl2_dist.core.mmdtl2 import one_vs_rest, svm_step
+    from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 
     V, y, cost = svm_problem(N, M, L, K, seed)
     Y = one_vs_rest(y, K)

@@ -20,13 +20,13 @@ from mmdtl2_dist.core.kernels import KernelSpec, kernel_from_gram
 from mmdtl2_dist.core.mmdtl2 import (
     MMDTL2Params,
     fit_mmdtl2_gram,
-    one_vs_rest,
     similarity_weights,
     solve_wstep,
     transfer_operators,
 )
 from mmdtl2_dist.core.qp import QPSolveError, solve_box_qp
 from mmdtl2_dist.core.reference import augment, fit_mmdtl2_features, wstep_primal
+from mmdtl2_dist.core.svm import one_vs_rest
 
 
 def _problem(seed, K, N, M, Ls, Lt):
@@ -291,8 +291,8 @@ def test_svm_step_singular_gram_equals_primal():
     (coordinate descent + polish) == the primal SVM solved by an interior-point method on
     the features. θ and b are unique even though α is not; the interior point stops at a
     relative gap of 1e-10, so 1e-6 relative on θ leaves two orders of magnitude."""
-    from mmdtl2_dist.core.mmdtl2 import svm_step
     from mmdtl2_dist.core.reference import svm_primal
+    from mmdtl2_dist.core.svm import svm_step
 
     rng = np.random.default_rng(21)
     n, L, K = 300, 6, 3

@@ -31,8 +31,6 @@ from mmdtl2_dist.core.mmdtl2 import (
     MMDTL2Params,
     fit_mmdtl2_gram,
     hinge_weights_named,
-    one_vs_rest,
-    svm_step,
 )
 from mmdtl2_dist.core.params import (  # DEFAULTS, METHODS: re-exported
     DEFAULTS,
@@ -42,6 +40,7 @@ from mmdtl2_dist.core.params import (  # DEFAULTS, METHODS: re-exported
     check_params,
 )
 from mmdtl2_dist.core.preprocessing import check_scale
+from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 from mmdtl2_dist.core.threads import one_thread
 
 _MMDTL2_KEYS = ("c_f", "c_d", "c_t", "c_s", "max_iter", "tol", "qp_solver", "qp_tol")

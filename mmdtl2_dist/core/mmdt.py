@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmdtl2_dist.core.mmdtl2 import one_vs_rest, svm_step
 from mmdtl2_dist.core.qp import solve_box_qp
+from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 
 
 def linear_svm(V, y_enc, K, cost, qp_solver="dcd", qp_tol=1e-8):

@@ -432,10 +432,7 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
     N, M = len(prob.ys), len(prob.yt)
     V = N + M
     t0 = time.perf_counter()
-    G = gram_rows(prob, with_test_rows=p["pca_dim"] is not None)
-    if p["pca_dim"] is not None:
-        G = pca_gram(G, int(p["pca_dim"]))
-    Gh = G[:V, :] + 1.0  # augmented: x̂ᵀx̂' = xᵀx' + 1
+    Gh = _augmented_gram(prob, p["pca_dim"])
     Gh_VV, Gh_TV, Gh_VQ = Gh[:, :V], Gh[N:V, :V], Gh[:, V:]
     time_pca = time.perf_counter() - t0
 
@@ -463,6 +460,14 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
     scores = A_th.T @ Gh_VQ + (A_th_G @ A_th) @ S @ Gh[N:V, V:]
     info.update(time_svm_s=t_svm, time_wstep_s=t_w)
     return classes, scores.T, info
+
+
+def _augmented_gram(prob: GramProblem, pca_dim: int | None) -> np.ndarray:
+    """``x̂ᵀx̂' = xᵀx' + 1`` of the training rows against all (after the PCA, if any)."""
+    G = gram_rows(prob, with_test_rows=pca_dim is not None)
+    if pca_dim is not None:
+        G = pca_gram(G, int(pca_dim))
+    return G[: len(prob.ys) + len(prob.yt), :] + 1.0
 
 
 def _wstep(A_th, Gh_VV, N, same, p, faithful, info):

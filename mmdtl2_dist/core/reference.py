@@ -23,7 +23,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from mmdtl2_dist.core.errors import QPSolveError
-from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, one_vs_rest, similarity_weights
+from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, similarity_weights
+from mmdtl2_dist.core.svm import one_vs_rest
 
 
 def augment(X: np.ndarray) -> np.ndarray:
