@@ -98,7 +98,7 @@ def open_study(folder: str | Path, tracking_uri: str | None = None) -> StudyHand
 def study_pairs(handle: StudyHandle) -> list[tuple[str, str]]:
     """The study's (source, target) device pairs, checked against its store."""
     from mmdtl2_dist.store.feature_store import FeatureStore
-    from mmdtl2_dist.study.runner import resolve_pairs
+    from mmdtl2_dist.study.preparation import resolve_pairs
 
     return resolve_pairs(handle.spec, FeatureStore.open(handle.store))
 

@@ -76,6 +76,12 @@ class Executor(Protocol):
         """Release what :meth:`start` acquired."""
 
 
+def missing_trials(output, trials: list) -> list:
+    """The trials of ``trials`` with no result file in the study folder ``output``."""
+    results = Path(output) / "results"
+    return [t for t in trials if not (results / f"{t.key}.json").exists()]
+
+
 def make_executor(name: str, *, address: str | None, num_cpus: int | None) -> Executor:
     """The executor ``name`` (``local`` or ``ray``).
 
