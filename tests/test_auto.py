@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mmdtl2_dist.core.auto import (
+    LowRankMap,
     AUTO_RULE,
     CANDIDATES,
     fit_predict_auto,
@@ -25,6 +26,7 @@ from mmdtl2_dist.core.auto import (
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import SamplePool
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain
+from mmdtl2_dist.estimators import MMDTL2
 
 DEV_SEED = 2027
 # (source, target, split, labelled per class): recorded pick, accuracy, mean held-out hinge
@@ -99,3 +101,55 @@ def test_rule_parameters_cannot_be_overridden():
     with pytest.raises(ValueError, match=r"select='auto' chooses .*remove \['c_f'\]"):
         rule_params("D", {"c_f": 0.1})
     assert rule_params("T", {"c_t": 2.0}) == {"c_t": 2.0, **CANDIDATES["T"].params}
+
+
+def auto_devices(seed=0, K=3, L=20, N=30, per_class=3, U=40, Q=30):
+    """Two devices in one 20-d space: source, labelled target, unlabelled target, test."""
+    rng = np.random.default_rng(seed)
+    mu = rng.standard_normal((K, L)) * 1.5
+    T = np.eye(L) + 0.4 * rng.standard_normal((L, L))
+    ys = np.arange(N) % K
+    yt = np.repeat(np.arange(K), per_class)
+    yu, yq = rng.integers(0, K, U), rng.integers(0, K, Q)
+    Xs = mu[ys] + rng.standard_normal((N, L))
+    Xt, Xu, Xq = ((mu[y] @ T + 0.3 + rng.standard_normal((len(y), L))) for y in (yt, yu, yq))
+    return Xs, ys, Xt, yt, Xu, Xq, yq
+
+
+def gram_pool(Xs, Xt, Xu):
+    """The estimator's pool in Gram form, its unlabelled rows scored (transductive)."""
+    Yt = np.vstack([Xt, Xu])
+    M = len(Xt)
+    return SamplePool(
+        Xs @ Xs.T, Yt @ Yt.T, Xs @ Yt.T, np.arange(len(Xs)), np.arange(M), M + np.arange(len(Xu))
+    )
+
+
+@pytest.mark.parametrize("per_class", [1, 3])
+def test_estimator_auto_equals_the_core_rule_in_gram_form(per_class):
+    """Feature form (P = Yᵀ A as factors) == Gram form (prior blocks of the pool's Gram)."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(per_class=per_class)
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert est.auto_["pick"] == choice.pick and est.auto_["rule"] == AUTO_RULE
+    assert est.auto_["pool_size"] == len(Xs) + len(Xt) + len(Xu)
+    assert est.n_unlabelled_target_ == len(Xu)
+    np.testing.assert_allclose(est.decision_function(Xu), res.scores, rtol=1e-7, atol=1e-8)
+
+
+def test_estimator_auto_shared_pca_transform_is_the_explicit_w():
+    Xs, ys, Xt, yt, Xu, Xq, _ = auto_devices(per_class=1)
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    assert est.auto_["pick"] == "F" and isinstance(est._prior[0], LowRankMap)
+    W = est.transform_matrix()
+    np.testing.assert_allclose(est.transform(Xq), Xq @ W[:, :-1].T + W[:, -1], atol=1e-9)
+    scores = est.transform(Xq) @ est.coef_source_.T + est.intercept_
+    np.testing.assert_allclose(est.decision_function(Xq), scores, rtol=1e-8, atol=1e-9)
+
+
+def test_estimator_auto_refuses_two_feature_spaces_and_a_user_map():
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices()
+    with pytest.raises(ValueError, match="select='auto' needs source and target in one"):
+        MMDTL2(select="auto").fit_domains(Xs[:, :10], ys, Xt, yt)
+    with pytest.raises(ValueError, match="select='auto' chooses the prior itself"):
+        MMDTL2(select="auto", prior="matrix", W0=np.eye(20)).fit_domains(Xs, ys, Xt, yt)

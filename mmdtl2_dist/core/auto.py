@@ -4,7 +4,8 @@ The rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data"; its ve
 string :data:`AUTO_RULE` is recorded with every result it produces) picks MMDTL2's prior,
 prior weight and ``c_f`` among four candidates on one axis, how much to trust the source:
 
-- **D** (default): the shared-PCA prior ``W0 = P Pᵀ`` over the pool, ``d = min(4C, p − 1)``,
+- **D** (default): the shared-PCA prior ``W0 = P Pᵀ`` over the pool, ``d = min(4C, p − 1)``
+  (lowered to the rank of the centred pool if the features span fewer dimensions),
   prior weight 0.5;
 - **T** (trust the target): the zero prior (identity prior at weight 0: the paper's
   MMDTL2);
@@ -132,10 +133,15 @@ def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
 
 
 def candidate_problem(pool: SamplePool, base: GramProblem, d: int | None):
-    """The split's problem with the shared-PCA prior of dimension ``d`` (or ``base``)."""
+    """The split's problem with the shared-PCA prior of dimension ``d`` (or ``base``).
+
+    ``d`` is lowered to the rank of the centred pool when its samples span fewer
+    dimensions (features of fewer than ``d`` dimensions; never on the dev data).
+    """
     if d is None:
         return base, None
-    pmap = shared_pca_map(pool, d, basis=pca_basis(pool.Kyy, d, what="pool samples"))
+    basis = pca_basis(pool.Kyy, d, what="pool samples", up_to=True)
+    pmap = shared_pca_map(pool, basis.A.shape[1], basis=basis)
     return pool.problem(base.ys, base.yt, pmap.blocks(pool)), pmap
 
 
@@ -193,8 +199,8 @@ def select_auto(pool: SamplePool, ys, yt, params: Mapping | None = None) -> Auto
     names = [DEFAULT, *ALTERNATIVES] if folds else [NO_FOLDS]
     probs, maps, dims, hinge = {}, {}, {}, {}
     for c in names:
-        dims[c] = pca_dim(c, n_classes, p)
-        probs[c], maps[c] = candidate_problem(pool, base, dims[c])
+        probs[c], maps[c] = candidate_problem(pool, base, pca_dim(c, n_classes, p))
+        dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
             hinge[c] = held_out_hinge(rule_params(c, params), probs[c], folds)
     pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
@@ -233,3 +239,76 @@ def fit_predict_auto(
         auto=choice.record(), select_s=t1 - t0, n_fits=len(choice.table) * choice.n_folds + 1
     )
     return res, choice
+
+
+class LowRankMap:
+    """A linear map ``B Cᵀ`` kept as its factors ``B`` (Ls, r) and ``C`` (Lt, r).
+
+    The shared-PCA prior ``W0 = P Pᵀ`` of a 64,896-d feature space would be a 34 GB
+    matrix; as factors it costs ``L·d``. Supports what the estimator's prior needs:
+    ``map @ M``, ``X @ map`` (numpy defers to :meth:`__rmatmul__`), ``.T``, scaling by a
+    number and :meth:`dense` (only for small dimensions).
+    """
+
+    __array_ufunc__ = None  # make ``ndarray @ LowRankMap`` call __rmatmul__
+
+    def __init__(self, B: np.ndarray, C: np.ndarray):
+        self.B, self.C = B, C
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.B.shape[0], self.C.shape[0]
+
+    @property
+    def T(self) -> LowRankMap:
+        return LowRankMap(self.C, self.B)
+
+    def __matmul__(self, M: np.ndarray) -> np.ndarray:
+        return self.B @ (self.C.T @ M)
+
+    def __rmatmul__(self, X: np.ndarray) -> np.ndarray:
+        return (X @ self.B) @ self.C.T
+
+    def __mul__(self, mu: float) -> LowRankMap:
+        return LowRankMap(float(mu) * self.B, self.C)
+
+    __rmul__ = __mul__
+
+    def dense(self) -> np.ndarray:
+        return self.B @ self.C.T
+
+
+def feature_pool(Xs: np.ndarray, Xt: np.ndarray, Xu: np.ndarray | None) -> SamplePool:
+    """The pool of preprocessed features: labelled source rows and every target row given.
+
+    Target rows: the labelled ``Xt`` first, then the unlabelled ``Xu``; nothing is scored.
+    """
+    Yt = Xt if Xu is None or len(Xu) == 0 else np.vstack([Xt, Xu])
+    return SamplePool(
+        Xs @ Xs.T, Yt @ Yt.T, Xs @ Yt.T, np.arange(len(Xs)), np.arange(len(Xt)), np.arange(0)
+    )
+
+
+def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None):
+    """:func:`select_auto` on preprocessed features, and the pick's prior in feature form.
+
+    Returns ``(choice, W0)``: ``W0`` is ``None`` for an identity-prior pick (T, S) and the
+    shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
+    ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
+    :func:`~mmdtl2_dist.core.priors.pca_basis`), so that the feature-form fit equals the
+    Gram-form one.
+    """
+    if Xs.shape[1] != Xt.shape[1]:
+        raise ValueError(
+            f"select='auto' needs source and target in one feature space (its priors compare "
+            f"the two devices' features), got {Xs.shape[1]} and {Xt.shape[1]} dimensions; "
+            "use select=None with prior='zero' or prior='matrix' and a map W0."
+        )
+    pool = feature_pool(Xs, Xt, Xu)
+    choice = select_auto(pool, ys, yt, params)
+    if choice.prior_map is None:
+        return choice, None
+    parts = [Xs, Xt] + ([] if Xu is None or len(Xu) == 0 else [Xu])
+    A, start = choice.prior_map.L, np.cumsum([0] + [len(X) for X in parts])
+    P = sum(X.T @ A[a:b] for X, a, b in zip(parts, start[:-1], start[1:], strict=True))
+    return choice, LowRankMap(P, P)
