@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from mmdtl2_dist.core.auto import (
-    LowRankMap,
     AUTO_RULE,
     CANDIDATES,
+    LowRankMap,
     fit_predict_auto,
     guarded_pick,
     paired_gain,
