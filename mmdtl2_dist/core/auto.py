@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
-from mmdtl2_dist.core.priors import PoolMap, SamplePool, pca_basis, shared_pca_map
+from mmdtl2_dist.core.priors import PoolMap, SamplePool, pca_basis
 from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, cv_folds, sub_problem
 
 AUTO_RULE = "auto-2026-11-26"
@@ -132,16 +132,22 @@ def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
     return None if k is None else min(k * n_classes, pool_size - 1)
 
 
-def candidate_problem(pool: SamplePool, base: GramProblem, d: int | None):
+def candidate_problem(pool: SamplePool, base: GramProblem, d: int | None, learn: np.ndarray):
     """The split's problem with the shared-PCA prior of dimension ``d`` (or ``base``).
 
-    ``d`` is lowered to the rank of the centred pool when its samples span fewer
-    dimensions (features of fewer than ``d`` dimensions; never on the dev data).
+    The PCA is over the pool rows ``learn`` (a mask of ``pool.Kyy``'s rows); the other
+    rows (samples scored but not learnt from) get zero coefficients, so the map is the
+    projection on the learnt subspace for every sample. ``d`` is lowered to the rank of
+    the centred learnt rows when they span fewer dimensions (features of fewer than ``d``
+    dimensions; never on the dev data).
     """
     if d is None:
         return base, None
-    basis = pca_basis(pool.Kyy, d, what="pool samples", up_to=True)
-    pmap = shared_pca_map(pool, basis.A.shape[1], basis=basis)
+    Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
+    basis = pca_basis(Kyy, d, what="pool samples", up_to=True)
+    A = np.zeros((len(learn), basis.A.shape[1]))
+    A[learn] = basis.A
+    pmap = PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
     return pool.problem(base.ys, base.yt, pmap.blocks(pool)), pmap
 
 
@@ -177,13 +183,18 @@ def guarded_pick(hinge: Mapping[str, np.ndarray]) -> tuple[str, dict]:
     return best, gains
 
 
-def select_auto(pool: SamplePool, ys, yt, params: Mapping | None = None) -> AutoChoice:
+def select_auto(
+    pool: SamplePool, ys, yt, params: Mapping | None = None, *, learn: np.ndarray | None = None
+) -> AutoChoice:
     """The frozen rule (module docstring) on one split: the chosen configuration.
 
     ``pool`` holds the Grams of every sample the prior may learn from and the rows of the
     labelled source (``source_train``), labelled target (``target_train``) and scored
     (``target_test``, may be empty) samples; ``ys``, ``yt`` their labels; ``params``
-    other MMDTL2 parameters (not the rule's :data:`RULE_KEYS`).
+    other MMDTL2 parameters (not the rule's :data:`RULE_KEYS`). ``learn``: a mask of the
+    pool's rows (source rows first, as ``pool.Kyy``) that the prior learns from, by
+    default all; rows outside it are only scored (e.g. test samples under an inductive
+    protocol).
     """
     pool.validate()
     ys, yt = np.asarray(ys), np.asarray(yt)
@@ -193,13 +204,19 @@ def select_auto(pool: SamplePool, ys, yt, params: Mapping | None = None) -> Auto
         )
     base = pool.problem(ys, yt)
     n_classes = len(np.unique(np.r_[ys, yt]))
-    p = pool.Kyy.shape[0]
+    learn = np.ones(pool.Kyy.shape[0], bool) if learn is None else np.asarray(learn, bool)
+    if learn.shape != (pool.Kyy.shape[0],):
+        raise ValueError(
+            f"learn must be a boolean mask of the pool's {pool.Kyy.shape[0]} rows, got shape "
+            f"{learn.shape}."
+        )
+    p = int(learn.sum())
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
     n_min = int(min(np.unique(yt, return_counts=True)[1]))
     names = [DEFAULT, *ALTERNATIVES] if folds else [NO_FOLDS]
     probs, maps, dims, hinge = {}, {}, {}, {}
     for c in names:
-        probs[c], maps[c] = candidate_problem(pool, base, pca_dim(c, n_classes, p))
+        probs[c], maps[c] = candidate_problem(pool, base, pca_dim(c, n_classes, p), learn)
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
             hinge[c] = held_out_hinge(rule_params(c, params), probs[c], folds)
@@ -223,7 +240,7 @@ def select_auto(pool: SamplePool, ys, yt, params: Mapping | None = None) -> Auto
 
 
 def fit_predict_auto(
-    pool: SamplePool, ys, yt, params: Mapping | None = None
+    pool: SamplePool, ys, yt, params: Mapping | None = None, *, learn: np.ndarray | None = None
 ) -> tuple[MethodResult, AutoChoice]:
     """:func:`select_auto`, then the pick refitted on all the labelled targets.
 
@@ -232,7 +249,7 @@ def fit_predict_auto(
     ``info["n_fits"]`` the number of fits.
     """
     t0 = time.perf_counter()
-    choice = select_auto(pool, ys, yt, params)
+    choice = select_auto(pool, ys, yt, params, learn=learn)
     t1 = time.perf_counter()
     res = fit_predict("mmdtl2", choice.params, choice.problem)
     res.info.update(
