@@ -767,6 +767,13 @@ def test_spec_auto_and_unlabelled_errors_name_the_fix(method, match):
         parse_spec(_raw(splits={"samples_per_class": [3], "unlabelled": "transductive"}))
 
 
+def test_spec_auto_needs_one_feature_space():
+    data = {"builtin": "office_caltech10", "source_space": "a", "target_space": "b", "pairs": "all"}
+    methods = [{"label": "auto", "method": "mmdtl2", "select": "auto"}]
+    with pytest.raises(SpecError, match=r"\['auto'\] need source and target in one feature"):
+        parse_spec(_raw(data=data, methods=methods))
+
+
 def test_spec_unlabelled_pool_reaches_the_trials():
     methods = [
         {"label": "auto", "method": "mmdtl2", "select": "auto"},

@@ -641,7 +641,7 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
 
     methods = _methods(raw.get("methods"))
     if not (src_space == tgt_space):
-        bad = [m.label for m in methods if m.method in SAME_SPACE_METHODS]
+        bad = [m.label for m in methods if m.method in SAME_SPACE_METHODS or m.select == "auto"]
         if bad:
             raise _err(
                 "methods",
