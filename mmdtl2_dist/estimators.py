@@ -9,13 +9,15 @@ Two ways:
    ``sample_domain < 0`` (keyword only, as in skada's adapters). This needs one feature
    dimension for both devices. The methods adapt **one** source domain to **one** target
    domain: several positive (or several negative) ids are refused, naming the ids
-   found. A target row labelled ``-1`` — skada's mark for an unlabelled target sample,
-   which skada's pipelines put on every target row unless ``mask_target_labels=False`` —
-   is refused: only labelled target samples are used, and ``-1`` is not read as a
-   class.
+   found. A target row labelled ``-1`` is skada's mark for an unlabelled target sample
+   (skada's pipelines put it on every target row unless ``mask_target_labels=False``):
+   :class:`MMDTL2` takes such rows as unlabelled target samples (``Xt_unlabelled``
+   below); the other methods cannot use them and refuse them, naming the fix. ``-1`` is
+   never read as a class there.
 2. ``fit_domains(Xs, ys, Xt, yt)`` — separate labelled arrays, so the source and target
    feature dimensions may differ (conv3 64,896-d source, conv5 43,264-d target). Every
-   label is a class here, ``-1`` included.
+   label is a class here, ``-1`` included. :class:`MMDTL2` also takes
+   ``Xt_unlabelled``, target samples without labels.
 
 Without ``sample_domain``, ``fit(X, y)`` of an adaptation method (:class:`MMDTL2`,
 :class:`MMDT`, :class:`MMDTHoffman`) is refused with a message showing both calls:
@@ -32,7 +34,8 @@ The ``sample_domain`` of every method is requested for scikit-learn's metadata r
 default, as skada's estimators request it, so skada pipelines pass it on.
 
 Preprocessing (``preprocessing=``) is fitted per device on the samples given to ``fit``
-(source rows and target rows separately) and frozen; see
+(source rows and target rows separately; the target statistics over the labelled and the
+unlabelled target samples) and frozen; see
 :mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used. The
 preprocessed features of each device must have squared norms that float64 can hold beside
 the bias constant 1 (:func:`~mmdtl2_dist.core.preprocessing.check_scale`); ``"l2"`` and
