@@ -56,7 +56,7 @@ def test_labelled_targets_reach_the_svm_and_test_samples_never_do(method, monkey
     # The final SVM: every source sample, then the labelled targets with their labels.
     assert len(y_final) == len(ys) + len(yt)
     np.testing.assert_array_equal(y_final, np.concatenate([ys, yt]))
-    for X, y, w in spy.calls:  # CV fits too: never a masked label, never more rows
+    for _X, y, w in spy.calls:  # CV fits too: never a masked label, never more rows
         assert -1 not in y and len(y) <= len(ys) + len(yt)
         if method == "kmm_svm":
             assert len(w) == len(y) and np.all(w[len(ys) :] == 1.0)
