@@ -84,3 +84,50 @@ def test_deep_table_writes_markdown_and_json(deep, tmp_path):
 def test_deep_table_refuses_a_bad_recommended_spec(deep):
     with pytest.raises(SystemExit, match="must be a JSON object"):
         deep.main(["--recommended", "MMDTL2:{select: auto}", "--splits", "2"])
+
+
+@pytest.fixture(scope="module")
+def final():
+    return _script("office_final_table")
+
+
+def test_recommended_office_column_is_found_by_its_auto_selection(final):
+    cols = [
+        {"label": "source SVM", "method": "source_svm"},
+        {"label": "MMDTL2 CV-selected", "method": "mmdtl2", "select": {"prior_weight": [0.0]}},
+        {"label": "MMDTL2 (auto)", "method": "mmdtl2", "params": {"select": "auto"}},
+    ]
+    assert final.recommended_label(cols) == "MMDTL2 (auto)"
+    assert final.recommended_label([*cols[:2], {"label": "x", "select": "auto"}]) == "x"
+    with pytest.raises(SystemExit, match=r"no office column is marked.*name it with --column"):
+        final.recommended_label(cols[:2])
+
+
+def test_final_office_table_runs_mmdtl2_office_and_counts_shifts_below(final, tmp_path):
+    out = tmp_path / "final"
+    argv = ["--column", "MMDTL2 identity prior", "--trials", "2", "--shifts", "dslr-webcam",
+            "amazon-dslr", "--workers", "2", "--out", str(out), "--office-out",
+            str(tmp_path / "office")]  # fmt: skip
+    assert final.main(argv) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert [r["shift"] for r in res["rows"]] == ["amazon-dslr", "dslr-webcam"]
+    for r in res["rows"]:
+        assert r["max"] == max(r["source SVM"], r["target SVM"]) and r["splits"] == 2
+        assert r["MMDTL2 identity prior"]["gap"] == pytest.approx(
+            r["MMDTL2 identity prior"]["mean"] - r["max"]
+        )
+    s = res["summary"]["MMDTL2 identity prior"]
+    below = [r["shift"] for r in res["rows"] if r["MMDTL2 identity prior"]["gap"] < -1.0]
+    assert s["more_than_1_point_below"] == below
+    text = out.with_suffix(".md").read_text()
+    assert f"shifts more than 1 point below max(source, target): **{len(below)}/2**" in text
+    assert "12-shift mean" not in text and "2-shift mean" in text
+    assert "targets: not judged (2 shifts x 2 splits; they need 12 x 20)" in text
+    # The same table from the office run's folder, without running it again.
+    office = tmp_path / "office"
+    again = tmp_path / "again"
+    argv2 = ["--column", "MMDTL2 identity prior", "--office-out", str(office), "--out", str(again)]
+    assert final.main(argv2) == 0
+    assert json.loads(again.with_suffix(".json").read_text())["rows"] == res["rows"]
+    with pytest.raises(SystemExit, match=r"no column 'MMDTL2 RBF'; they have \["):
+        final.main(["--column", "MMDTL2 RBF", "--office-out", str(office), "--out", str(again)])
