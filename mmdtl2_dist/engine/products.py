@@ -85,12 +85,26 @@ class NumpyProduct:
     def __init__(self, shape: tuple[int, int], precision: str, timer: PhaseTimer):
         self.G = np.zeros(shape)
         self.mixed = precision == "mixed"
+        self.dtype = np.float32 if self.mixed else np.float64
         self.timer = timer
         self._buf: np.ndarray | None = None
+        self._cast_bufs: dict[str, np.ndarray] = {}
 
-    def cast(self, x: np.ndarray) -> np.ndarray:
-        """``x`` in the dtype its products use (no copy when it already is)."""
-        return x.astype(np.float32 if self.mixed else np.float64, copy=False)
+    def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
+        """``x`` in the dtype its products use (``x`` itself when it already is).
+
+        A conversion goes into a buffer of this tile that the next block of the same
+        ``slot`` (``"a"``: the tile's first rows, ``"b"``: its second) reuses: no fresh
+        allocation (page faults, zeroing) per block, half the time of ``astype``.
+        """
+        if x.dtype == self.dtype:
+            return x
+        buf = self._cast_bufs.get(slot)
+        if buf is None or buf.size < x.size:
+            buf = self._cast_bufs[slot] = np.empty(x.size, dtype=self.dtype)
+        out = buf[: x.size].reshape(x.shape)
+        np.copyto(out, x)
+        return out
 
     def add(self, A: np.ndarray, B: np.ndarray | None = None) -> None:
         """``G += A Bᵀ`` (``B`` None: ``A Aᵀ``, the symmetric product, half the flops)."""
@@ -120,7 +134,7 @@ class TorchProduct:
         self.mixed = precision == "mixed"
         self.timer = timer
 
-    def cast(self, x: np.ndarray) -> np.ndarray:
+    def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
         """``x`` as it goes to the device: float32 stays float32 (half the bytes to copy).
 
         Exact mode converts it to float64 on the device.

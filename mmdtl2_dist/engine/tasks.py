@@ -55,7 +55,7 @@ def moments_task(
     return out
 
 
-def _preprocessed_rows(job, start, stop, c0, c1, stats, norms, product, timer):
+def _preprocessed_rows(job, start, stop, c0, c1, stats, norms, product, timer, slot="a"):
     """Rows ``[start, stop)``, features ``[c0, c1)``, preprocessed, in the product's dtype.
 
     Preprocessing is computed in float64; without preprocessing the stored values go to
@@ -69,11 +69,9 @@ def _preprocessed_rows(job, start, stop, c0, c1, stats, norms, product, timer):
         with timer.phase("cast"):
             if job["method"] != "none":
                 x = _preprocess(x.astype(np.float64), job, d, l0, l1, c0, c1, stats, norms)
-            parts.append(product.cast(x))
-    if len(parts) == 1:
-        return parts[0]
+            parts.append(x)
     with timer.phase("cast"):
-        return np.concatenate(parts)
+        return product.cast(parts[0] if len(parts) == 1 else np.concatenate(parts), slot)
 
 
 def _preprocess(x, job, d, l0, l1, c0, c1, stats, norms):
@@ -120,7 +118,7 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms) -> dict:
         if tile.diagonal:
             product.add(A)  # symmetric product (BLAS syrk): half the flops
         else:
-            B = _preprocessed_rows(job, tile.b0, tile.b1, c0, c1, stats, norms, product, timer)
+            B = _preprocessed_rows(job, tile.b0, tile.b1, c0, c1, stats, norms, product, timer, "b")
             product.add(A, B)
     G = product.result()
     with timer.phase("check"):
