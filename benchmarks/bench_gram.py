@@ -5,14 +5,23 @@ Modes
 ``throughput`` (default): a synthetic 2,000 x 64,896 float32 store; in the same run,
     ``X @ X.T`` in memory (float32 and float64, numpy with all cores) versus the engine
     reading the Zarr store on a local Ray, with 1 worker (one task in flight) and with
-    2 workers. Writes ``results/gram_throughput.json``.
+    2 workers, in each ``--precision`` (float64 exact, mixed). Writes
+    ``results/gram_throughput.json``.
 ``big``: a synthetic 20,000 x 64,896 float32 store (5.2 GB) written shard by shard, then
-    its Gram through the engine, with the peak memory of the whole job (driver + Ray
-    processes, summed RSS sampled every 0.2 s). Writes ``results/gram_big.json``.
+    its Gram through the engine in each precision, with the peak memory of the whole job
+    (driver + Ray processes, summed RSS sampled every 0.2 s). Writes
+    ``results/gram_big.json``.
+
+Every engine run prints where its time went (per phase, per worker:
+:mod:`mmdtl2_dist.engine.timing`) and its wall time predicted by the cost model
+(:mod:`mmdtl2_dist.engine.cost`) from one worker's calibrated rates. The load of the
+machine is sampled over the whole run (:class:`LoadMonitor`); a run that other processes
+competed with is flagged ``NOISY`` and its ratios are not a measurement.
 
 Usage::
 
     python benchmarks/bench_gram.py throughput
+    python benchmarks/bench_gram.py throughput --gpus 1      # tiles on a GPU (torch)
     python benchmarks/bench_gram.py big --n 20000 --workdir /tmp/mmdtl2_bench
 """
 
@@ -504,7 +513,7 @@ def _engine_keep(store, out, args, precision):
     return time.perf_counter() - t0, gs
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("mode", nargs="?", choices=["throughput", "big"], default="throughput")
     p.add_argument("--n", type=int, help="samples (2000 for throughput, 20000 for big)")
@@ -522,14 +531,16 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the local Ray (tiles on cuda)")
     p.add_argument("--device", help="torch device of the tiles (default: numpy on the CPU)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
-    args = p.parse_args()
+    p.add_argument("--out", default=str(HERE / "results"), help="folder of the JSON result")
+    args = p.parse_args(argv)
     args.n = args.n or (2000 if args.mode == "throughput" else 20_000)
     args.precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     if args.gpus and args.device is None:
         args.device = "cuda"
     result = throughput(args) if args.mode == "throughput" else big(args)
-    result["command"] = "python benchmarks/bench_gram.py " + " ".join(sys.argv[1:])
-    out = HERE / "results" / f"gram_{args.mode}.json"
+    shown = sys.argv[1:] if argv is None else argv
+    result["command"] = "python benchmarks/bench_gram.py " + " ".join(shown)
+    out = Path(args.out) / f"gram_{args.mode}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

@@ -201,3 +201,35 @@ def test_cost_model_follows_the_tile_schedule():
     assert workers_for(1.0, 50_000, 64_896, **big) is None
     with pytest.raises(ValueError, match="positive rates"):
         predict_gram_seconds(10, 10, 0, r, s)
+
+
+# ------------------------------------------------------------------ study specs ------
+def _spec_raw(store, **gram):
+    raw = {
+        "study": {"name": "s"},
+        "data": {"store": str(store), "space": "conv3", "pairs": "all"},
+        "splits": {"protocol": "half", "samples_per_class": [1]},
+        "methods": [{"method": "mmdtl2"}],
+    }
+    if gram:
+        raw["gram"] = gram
+    return raw
+
+
+def test_study_spec_chooses_the_gram_precision(cnn_store, tmp_path):
+    from mmdtl2_dist.study.runner import compute_grams
+    from mmdtl2_dist.study.spec import SpecError, parse_spec
+
+    store, _, _ = cnn_store
+    assert parse_spec(_spec_raw(store), output=tmp_path).gram_precision == "float64"
+    spec = parse_spec(_spec_raw(store, precision="mixed"), output=tmp_path)
+    assert spec.gram_precision == "mixed"
+    with pytest.raises(SpecError, match=r"\[gram\] precision must be one of.*'float16'"):
+        parse_spec(_spec_raw(store, precision="float16"), output=tmp_path)
+    with pytest.raises(SpecError, match=r"\[gram\] unknown key\(s\) \['gpus'\]"):
+        parse_spec(_spec_raw(store, gpus=1), output=tmp_path)
+    raw = _spec_raw(store, precision="mixed")
+    raw["data"]["gram_dir"] = str(tmp_path / "grams")
+    spec = parse_spec(raw, output=tmp_path)
+    (path,) = compute_grams(spec, store, address=IN_PROCESS, progress=False).values()
+    assert GramStore.open(path).precision == "mixed" and "-mixed__" in path

@@ -36,7 +36,7 @@ def predict_gram_seconds(
     read_bytes_per_s: float,
     tile_rows: int = 2048,
     itemsize: int = 4,
-    task_overhead_s: float = 0.05,
+    task_overhead_s: float = 0.01,
     startup_s: float = 0.0,
 ) -> dict:
     """Predicted wall time of the Gram of ``n`` samples of ``n_features`` features.
