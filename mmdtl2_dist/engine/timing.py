@@ -20,11 +20,12 @@ marker (``marker["timing"]``):
 ``digest``
     The tile's hash (recorded in its marker) and the marker itself.
 
-plus the wall-clock ``start`` and ``end`` of the task, its process (``pid``, ``host``) and
-the ``device`` it ran on. The driver adds ``submitted`` (when it handed the task to Ray)
-and :func:`summarize_timing` aggregates the markers of one run: seconds per phase, the
-scheduling wait (``start - submitted``), and per worker the tiles, busy seconds and
-utilisation over the run's wall time.
+plus the wall-clock ``start`` and ``end`` of the task, its process (``pid``, ``host``),
+the ``device`` it ran on and the BLAS threads of its process (``blas_threads``: one per
+worker on Ray, which sets ``OMP_NUM_THREADS`` to a task's CPUs). The driver adds
+``submitted`` (when it handed the task to Ray) and :func:`summarize_timing` aggregates
+the markers of one run: seconds per phase, the scheduling wait (``start - submitted``),
+and per worker the tiles, busy seconds and utilisation over the run's wall time.
 """
 
 from __future__ import annotations
@@ -65,7 +66,24 @@ class PhaseTimer:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "device": device,
+            "blas_threads": blas_threads(),
         }
+
+
+_BLAS_THREADS: list[int | None] = []
+
+
+def blas_threads() -> int | None:
+    """Threads of the BLAS this process uses (None if threadpoolctl cannot tell)."""
+    if not _BLAS_THREADS:
+        try:
+            from threadpoolctl import threadpool_info
+
+            counts = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+            _BLAS_THREADS.append(max(counts) if counts else None)
+        except Exception:  # noqa: BLE001 - a diagnostic only
+            _BLAS_THREADS.append(None)
+    return _BLAS_THREADS[0]
 
 
 def summarize_timing(records: list[dict], wall_seconds: float) -> dict:
@@ -97,6 +115,7 @@ def summarize_timing(records: list[dict], wall_seconds: float) -> dict:
         w["tiles"] += 1
         w["busy_seconds"] += r["total"]
         w["device"] = r["device"]
+        w["blas_threads"] = r.get("blas_threads")
     wall = max(wall_seconds, 1e-9)
     for w in per_worker.values():
         w["utilisation"] = w["busy_seconds"] / wall
@@ -124,7 +143,8 @@ def format_timing(summary: dict) -> str:
     ]
     for name, w in sorted(summary["workers"].items()):
         lines.append(
-            f"  worker {name} ({w['device']}): {w['tiles']} tiles, busy "
+            f"  worker {name} ({w['device']}, {w['blas_threads']} BLAS threads): "
+            f"{w['tiles']} tiles, busy "
             f"{w['busy_seconds']:.2f} s, utilisation {w['utilisation']:.0%}"
         )
     return "\n".join(lines)
