@@ -50,27 +50,32 @@ from mmdtl2_dist.store import SyntheticSpec, make_synthetic_store  # noqa: E402
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
-class PeakMemory:
-    """Summed RSS of this process and all its descendants (Ray's), sampled in a thread."""
+def tree_total(measure) -> float:
+    """``measure(process)`` summed over this process and its descendants (Ray's)."""
+    me = psutil.Process()
+    total = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            total += measure(p)
+        except psutil.Error:
+            pass  # a process that exited meanwhile
+    return total
 
-    def __init__(self, interval: float = 0.2):
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+
+class _Sampler:
+    """Calls :meth:`sample` in a thread every ``interval`` s while its block runs."""
+
+    def __init__(self, interval: float):
+        self.interval, self._stop = interval, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> int:
-        me = psutil.Process()
-        total = 0
-        for p in [me, *me.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
+    def sample(self) -> None:
+        raise NotImplementedError
 
     def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._sample())
-            time.sleep(self.interval)
+        self.sample()
+        while not self._stop.wait(self.interval):
+            self.sample()
 
     def __enter__(self):
         self._thread.start()
@@ -81,7 +86,23 @@ class PeakMemory:
         self._thread.join()
 
 
-class LoadMonitor:
+class PeakMemory(_Sampler):
+    """Summed RSS of this process and all its descendants (Ray's), sampled in a thread."""
+
+    def __init__(self, interval: float = 0.2):
+        super().__init__(interval)
+        self.peak = 0
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, tree_total(lambda p: p.memory_info().rss))
+
+
+def _cpu_seconds(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class LoadMonitor(_Sampler):
     """The machine's load over a whole run, sampled in a thread every ``interval`` s.
 
     Records the 1-minute load average and the CPU used by processes outside this one's
@@ -94,40 +115,20 @@ class LoadMonitor:
     NOISY_FOREIGN_CORES = 0.25
 
     def __init__(self, interval: float = 1.0):
-        self.interval, self._stop = interval, threading.Event()
+        super().__init__(interval)
         self.load, self.foreign = [], []
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._last = None
 
-    def _tree_cpu(self) -> float:
-        me = psutil.Process()
-        total = 0.0
-        for p in [me, *me.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system + t.children_user + t.children_system
-            except psutil.Error:
-                pass
-        return total
-
-    def _run(self):
-        cores = psutil.cpu_count()
-        last_sys, last_tree, last_t = psutil.cpu_times(), self._tree_cpu(), time.monotonic()
-        while not self._stop.wait(self.interval):
-            now_sys, now_tree, now_t = psutil.cpu_times(), self._tree_cpu(), time.monotonic()
+    def sample(self) -> None:
+        now = (psutil.cpu_times(), tree_total(_cpu_seconds), time.monotonic())
+        if self._last is not None:
+            (last_sys, last_tree, last_t), (now_sys, now_tree, now_t) = self._last, now
             busy = sum(now_sys) - now_sys.idle - (sum(last_sys) - last_sys.idle)
             busy -= getattr(now_sys, "iowait", 0.0) - getattr(last_sys, "iowait", 0.0)
-            dt = max(now_t - last_t, 1e-9)
-            self.foreign.append(max(0.0, min(cores, (busy - (now_tree - last_tree)) / dt)))
+            foreign = (busy - (now_tree - last_tree)) / max(now_t - last_t, 1e-9)
+            self.foreign.append(max(0.0, min(psutil.cpu_count(), foreign)))
             self.load.append(os.getloadavg()[0])
-            last_sys, last_tree, last_t = now_sys, now_tree, now_t
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        self._last = now
 
     def summary(self) -> dict:
         mean = float(np.mean(self.foreign)) if self.foreign else 0.0
