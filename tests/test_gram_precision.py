@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from mmdtl2_dist.engine import IN_PROCESS, GramStore, compute_gram, gram_tile_pl
 from mmdtl2_dist.engine.cost import predict_gram_seconds, workers_for
 from mmdtl2_dist.engine.products import MIXED_SPAN, mixed_error_bound
 from mmdtl2_dist.engine.timing import PHASES
-from mmdtl2_dist.store import FeatureStore, SyntheticSpec, make_synthetic_store
+from mmdtl2_dist.store import CorruptChunkError, FeatureStore, SyntheticSpec, make_synthetic_store
 
 L_CNN = 3 * MIXED_SPAN + 200  # several float32 sub-blocks, and a partial one
 
@@ -75,14 +76,32 @@ def test_mixed_gram_is_never_taken_for_the_exact_one(cnn_store, tmp_path):
 
 
 def test_a_gram_stored_without_precision_is_the_exact_one(cnn_store, tmp_path):
-    store, _, _ = cnn_store
+    """Gram stores whose job.json has no ``precision`` are exact: reused, and resumed."""
+    store, ref, _ = cnn_store
     out = tmp_path / "g"
-    _gram(store, out)
+    _gram(store, out, tile_rows=64)
     job = json.loads((out / "job.json").read_text())
     del job["precision"]
     (out / "job.json").write_text(json.dumps(job))
     assert GramStore.open(out).precision == "float64"
     assert _gram(store, out).reused
+    (out / "tiles" / "0_1.json").unlink()  # an interrupted job of such a store
+    (out / "job.json").write_text(json.dumps({**job, "complete": False}))
+    resumed = _gram(store, out)
+    assert resumed.last_run["computed"] == 1 and resumed.precision == "float64"
+    np.testing.assert_allclose(resumed.to_numpy(), ref, rtol=1e-12)
+
+
+def test_lost_feature_chunk_is_named_after_the_product(tmp_path):
+    """Inputs are checked on the finished tile (a NaN reaches its whole row), not per block:
+    a lost chunk (read as NaN, the fill value) is still named, and nothing is written."""
+    store = tmp_path / "s.zarr"
+    make_synthetic_store(store, SyntheticSpec(n_source=40, n_target=0, dim=64, seed=1))
+    array = FeatureStore.open(store).array_path("source", "conv3")
+    (Path(array) / "c" / "0" / "0").unlink()
+    with pytest.raises(CorruptChunkError, match=r"chunk\(s\) \(0, 0\)"):
+        _gram(store, tmp_path / "g")
+    assert not list((tmp_path / "g" / "tiles").iterdir())
 
 
 # --------------------------------------------------------------- torch tiles (CPU) ---

@@ -122,6 +122,8 @@ def _create_skeleton(out: Path, job: dict, fs: FeatureStore) -> None:
 
 def _check_resumable(out: Path, job: dict) -> dict:
     old = json.loads((out / JOB_FILE).read_text())
+    for key, value in _KEY_DEFAULTS.items():
+        old.setdefault(key, value)
     diff = {k: (_stored(old, k), job[k]) for k in _JOB_KEYS if _stored(old, k) != job[k]}
     if diff:
         shown = {k: v for k, v in diff.items() if k != "col_blocks"}
