@@ -194,6 +194,8 @@ def test_timing_names_each_ray_worker(ray_local, cnn_store, tmp_path):
     timing = gs.last_run["timing"]
     assert sum(w["tiles"] for w in timing["workers"].values()) == timing["tiles"]
     assert len(timing["workers"]) >= 2  # the tiles ran in several worker processes
+    # Ray gives a one-CPU task one BLAS thread (OMP_NUM_THREADS): no oversubscription.
+    assert {w["blas_threads"] for w in timing["workers"].values()} == {1}
     assert timing["max_wait_seconds"] >= 0
     np.testing.assert_allclose(gs.to_numpy(), ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
 
