@@ -168,6 +168,8 @@ def test_bad_device_and_gpus_are_refused(cnn_store, tmp_path):
         _gram(store, tmp_path / "g", device="gpu0")
     with pytest.raises(ValueError, match="gpus must be 0 or more"):
         _gram(store, tmp_path / "g", gpus=-1)
+    with pytest.raises(ValueError, match="sees only the GPU Ray gives it.*not 'cuda:1'"):
+        _gram(store, tmp_path / "g", gpus=2, device="cuda:1")
 
 
 # ------------------------------------------------------------------------ timing -----

@@ -266,6 +266,11 @@ def _tile_device(gpus: int, device: str | None, address: str | None) -> str | No
     """
     if int(gpus) < 0:
         raise ValueError(f"gpus must be 0 or more, got {gpus}.")
+    if gpus and device not in (None, "cuda", "cuda:0"):
+        raise ValueError(
+            f"with gpus, each tile task sees only the GPU Ray gives it (as 'cuda'); leave "
+            f"device out or set it to 'cuda', not {device!r}."
+        )
     if device is None and gpus:
         device = "cuda"
     if device is None:
