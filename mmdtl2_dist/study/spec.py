@@ -17,6 +17,9 @@ per class, how splits are drawn, and where results go. Example (TOML)::
     preprocessing = "l2_zscore"        # none | l2 | zscore | l2_zscore (per device)
     gram_dir = "/shared/grams"         # optional; default <store>.grams beside the store
 
+    [gram]                             # optional
+    precision = "float64"              # float64 (exact) | mixed (float32 products)
+
     [splits]
     protocol = "half"                  # half | group | fixed
     n_splits = 10
@@ -64,6 +67,7 @@ from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
 from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
 from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
 from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
+from mmdtl2_dist.engine.products import PRECISIONS as GRAM_PRECISIONS
 from mmdtl2_dist.study.splits import PROTOCOLS
 
 #: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
@@ -180,6 +184,7 @@ class StudySpec:
     split_tasks: int = 0
     max_concurrent_trials: int = 0
     gram_dir: Path | None = None
+    gram_precision: str = "float64"
     tracking_uri: str | None = None
     experiment: str | None = None
     reference_source: str | None = None
@@ -436,6 +441,21 @@ def _gram_dir(base: Path | None, value: Any) -> Path | None:
     return folder
 
 
+def _gram_precision(raw: dict) -> str:
+    """``[gram] precision``: the precision of the study's Grams (default exact float64)."""
+    gram = _table(raw, "gram")
+    _check_keys("gram", gram, {"precision"})
+    precision = gram.get("precision", "float64")
+    if precision not in GRAM_PRECISIONS:
+        raise _err(
+            "gram",
+            f'precision must be one of {GRAM_PRECISIONS}, got {precision!r}: "float64" is '
+            'the exact Gram, "mixed" multiplies float32 features in float32 and sums in '
+            "float64 (faster, relative error about 1e-7 on nonnegative features).",
+        )
+    return precision
+
+
 def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = None) -> StudySpec:
     """Validate a spec given as a dict (the parsed TOML/YAML).
 
@@ -457,7 +477,9 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
     if not isinstance(raw, dict):
         raise SpecError("study spec: the file must hold a table/mapping at top level.")
     _check_keys(
-        "top level", raw, {"study", "data", "splits", "methods", "execution", "tracking", "report"}
+        "top level",
+        raw,
+        {"study", "data", "gram", "splits", "methods", "execution", "tracking", "report"},
     )
     base = path.parent if path is not None else None
     study = _table(raw, "study", required=True)
@@ -669,6 +691,7 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
         split_tasks=split_tasks,
         max_concurrent_trials=max_conc,
         gram_dir=gram_dir,
+        gram_precision=_gram_precision(raw),
         tracking_uri=tr.get("uri"),
         experiment=tr.get("experiment"),
         reference_source=rep.get("reference_source"),
