@@ -290,6 +290,8 @@ def decode_image(data: bytes | str | Path, where: str | None = None):
             return img.convert("RGB")
     except FileNotFoundError:
         raise BadImageError(where, "no such file") from None
+    except Image.UnidentifiedImageError:
+        raise BadImageError(where, "not an image file that Pillow can identify") from None
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for damaged files
         raise BadImageError(where, f"{type(exc).__name__}: {exc}") from None
 
