@@ -437,13 +437,13 @@ def test_selection_with_canonical_order_ignores_how_targets_are_listed():
 def test_multiclass_hinge_and_selection_criteria():
     """The held-out hinge loss by hand, and every selection rule on a real CV table."""
     from mmdtl2_dist.core.methods import GramProblem
-    from mmdtl2_dist.core.selection import _multiclass_hinge, choose, select_by_cv
+    from mmdtl2_dist.core.selection import choose, multiclass_hinge, select_by_cv
 
     scores = np.array([[2.0, 0.5, -1.0], [0.2, 0.4, 0.0], [0.0, 0.0, 3.0]])
     classes = np.array([10, 20, 30])
     # true 10: 1 + 0.5 - 2 < 0 -> 0; true 10: 1 + 0.4 - 0.2 = 1.2; true 30: 1 + 0 - 3 -> 0
     np.testing.assert_allclose(
-        _multiclass_hinge(scores, classes, np.array([10, 10, 30])), [0.0, 1.2, 0.0]
+        multiclass_hinge(scores, classes, np.array([10, 10, 30])), [0.0, 1.2, 0.0]
     )
     rng = np.random.default_rng(4)
     N, M, Q, L, K = 30, 12, 20, 6, 3

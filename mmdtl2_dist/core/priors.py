@@ -351,11 +351,17 @@ class PCABasis:
 
 
 def pca_basis(
-    K: np.ndarray, d: int | None = None, *, center: bool = True, what: str = "samples"
+    K: np.ndarray,
+    d: int | None = None,
+    *,
+    center: bool = True,
+    what: str = "samples",
+    up_to: bool = False,
 ) -> PCABasis:
     """The top-``d`` PCA basis of the samples of Gram ``K`` (module docstring).
 
-    ``d is None`` keeps every eigenpair above ``EIG_RTOL`` of the largest.
+    ``d is None`` keeps every eigenpair above ``EIG_RTOL`` of the largest; ``up_to=True``
+    keeps those of the top ``d`` (fewer axes when the samples span fewer dimensions).
 
     Raises
     ------
@@ -373,7 +379,7 @@ def pca_basis(
     lam, V = sla.eigh(Kc, subset_by_index=None if d is None else [n - d, n - 1])
     top = max(float(lam[-1]), 0.0) if lam.size else 0.0
     keep = lam > EIG_RTOL * top
-    if d is not None and not np.all(keep):
+    if d is not None and not np.all(keep) and not up_to:
         raise ValueError(
             f"d={d} exceeds the rank of the {what} ({int(keep.sum())} non-zero eigenvalues "
             f"of {'the centred' if center else 'their'} Gram); lower d."

@@ -294,7 +294,7 @@ def select_by_cv(
         for sp, yh in subs:
             res = fit_predict(method, g, sp)
             hits += int(np.sum(res.y_pred == yh))
-            hinge += float(np.sum(_multiclass_hinge(res.scores, res.classes, yh)))
+            hinge += float(np.sum(multiclass_hinge(res.scores, res.classes, yh)))
         table.append(
             {
                 "params": g,
@@ -337,7 +337,7 @@ def choose(table: Sequence[Mapping], criterion: str, tie_break: str = "order") -
     return max(range(len(table)), key=rank)
 
 
-def _multiclass_hinge(scores: np.ndarray, classes: np.ndarray, y: np.ndarray) -> np.ndarray:
+def multiclass_hinge(scores: np.ndarray, classes: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``max(0, 1 + max_{j≠y} s_j − s_y)`` per sample (Crammer & Singer's loss)."""
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim == 1:  # binary decision function: class 1 positive

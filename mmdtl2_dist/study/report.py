@@ -90,7 +90,10 @@ def significance_marks(
 
 
 def results_frame(trials: list[dict]) -> pd.DataFrame:
-    """One row per (trial, pair, split) from trial payloads (see ``study.trial``)."""
+    """One row per (trial, pair, split) from trial payloads (see ``study.trial``).
+
+    ``pool_size`` is the prior's pool of a ``select = "auto"`` unit (empty otherwise).
+    """
     rows = []
     for t in trials:
         for u in t["units"]:
@@ -107,6 +110,7 @@ def results_frame(trials: list[dict]) -> pd.DataFrame:
                     "accuracy": u["accuracy"],
                     "fit_s": u.get("fit_s", math.nan),
                     "chosen": json.dumps(u.get("chosen") or {}, sort_keys=True),
+                    "pool_size": u.get("pool_size"),
                 }
             )
     cols = [
@@ -121,6 +125,7 @@ def results_frame(trials: list[dict]) -> pd.DataFrame:
         "accuracy",
         "fit_s",
         "chosen",
+        "pool_size",
     ]
     return pd.DataFrame(rows, columns=cols)
 
