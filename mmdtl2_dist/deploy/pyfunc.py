@@ -44,6 +44,7 @@ SHIPPED_MODULES = (
     "__init__.py",
     "core/errors.py",
     "core/kernels.py",
+    "core/params.py",
     "core/preprocessing.py",
     "core/adapter.py",
     "core/threads.py",

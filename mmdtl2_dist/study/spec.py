@@ -53,7 +53,6 @@ See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import tomllib
@@ -63,6 +62,7 @@ from typing import Any
 
 import yaml
 
+from mmdtl2_dist.core.evaluate import expand_grid
 from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
 from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
 from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
@@ -219,9 +219,7 @@ def expand_configs(methods: list[MethodSpec]) -> list[MethodConfig]:
     """Expand each method's grid into configurations, labelled ``label [k=v, ...]``."""
     out = []
     for m in methods:
-        names = list(m.grid)
-        for values in itertools.product(*(m.grid[n] for n in names)):
-            swept = dict(zip(names, values, strict=True))
+        for swept in expand_grid({}, m.grid):
             label = m.label
             if swept:
                 label += " [" + ", ".join(f"{k}={_fmt(v)}" for k, v in swept.items()) + "]"
