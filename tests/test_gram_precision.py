@@ -258,3 +258,26 @@ def test_study_spec_chooses_the_gram_precision(cnn_store, tmp_path):
     spec = parse_spec(raw, output=tmp_path)
     (path,) = compute_grams(spec, store, address=IN_PROCESS, progress=False).values()
     assert GramStore.open(path).precision == "mixed" and "-mixed__" in path
+
+
+@pytest.mark.ray
+def test_cli_gram_in_mixed_precision_on_torch_cpu(ray_local, cnn_store, tmp_path, capsys):
+    """`mmdtl2 gram --precision mixed --device cpu`: its own key, timing in the progress."""
+    pytest.importorskip("torch")
+    import argparse
+
+    from mmdtl2_dist.commands import gram as gram_cmd
+
+    store, ref, absref = cnn_store
+    parser = argparse.ArgumentParser()
+    gram_cmd.register(parser.add_subparsers())
+    argv = ["gram", str(store), "--gram-dir", str(tmp_path / "grams"), "--preprocessing"]
+    argv += ["none", "--precision", "mixed", "--device", "cpu", "--tile-rows", "64"]
+    args = parser.parse_args([*argv, "--progress"])
+    assert args.func(args) == 0
+    out = capsys.readouterr()
+    assert "precision 'mixed'" in out.out and "conv3__none-mixed__" in out.out
+    assert "busy" in out.err and "utilisation" in out.err  # where the time went
+    (path,) = (p for p in (tmp_path / "grams").iterdir() if p.is_dir())
+    G = GramStore.open(path).to_numpy()
+    assert (np.abs(G - ref) <= mixed_error_bound(L_CNN) * absref).all()
