@@ -281,3 +281,44 @@ def test_cli_gram_in_mixed_precision_on_torch_cpu(ray_local, cnn_store, tmp_path
     (path,) = (p for p in (tmp_path / "grams").iterdir() if p.is_dir())
     G = GramStore.open(path).to_numpy()
     assert (np.abs(G - ref) <= mixed_error_bound(L_CNN) * absref).all()
+
+
+@pytest.mark.ray
+def test_killed_torch_worker_does_not_change_the_result(ray_local, cnn_store, tmp_path):
+    """SIGKILL of a Ray worker inside a torch tile: Ray retries it, the bits stay the same."""
+    pytest.importorskip("torch")
+    import os
+    import signal
+    import threading
+    import time
+
+    import psutil
+    from slow_tiles import slow_gram_tiles
+
+    store, _, _ = cnn_store
+    kw = dict(tile_rows=64, device="cpu", precision="mixed", progress=False)
+    clean = compute_gram(store, "conv3", tmp_path / "clean", **kw)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    result = {}
+
+    def run():
+        try:
+            result["gs"] = compute_gram(store, "conv3", tmp_path / "g", **kw)
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            result["error"] = exc
+
+    th = threading.Thread(target=run)
+    with slow_gram_tiles(probe, delay=1.5):
+        th.start()
+        deadline = time.monotonic() + 120
+        while not list(probe.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tile_key, pid = sorted(probe.iterdir())[0].name.rsplit(".", 1)
+        os.kill(int(pid), signal.SIGKILL)
+        th.join(timeout=300)
+    assert not th.is_alive() and "error" not in result, result.get("error")
+    assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == "zombie"
+    assert len([p for p in probe.iterdir() if p.name.startswith(tile_key + ".")]) >= 2
+    assert np.array_equal(result["gs"].to_numpy(), clean.to_numpy())
+    assert result["gs"].last_run["device"] == "cpu"
