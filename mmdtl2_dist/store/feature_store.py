@@ -333,6 +333,10 @@ class StoreWriter:
         self._tmp = self._stage.tmp
         self._writers: list[ArrayWriter] = []
         self._root = None
+        #: How the features were made (e.g. the extractor and its weights), recorded as
+        #: the root attribute's ``provenance`` (:attr:`FeatureStore.provenance`).
+        self.provenance: dict = {}
+        self._files: dict[str, bytes] = {}
 
     def __enter__(self) -> StoreWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -408,6 +412,12 @@ class StoreWriter:
             bar.update(w.rows_written)
         return w
 
+    def add_file(self, name: str, data: bytes) -> None:
+        """Add a side file at the store's top level (e.g. the list of skipped images)."""
+        if name in (METADATA_FILE, "zarr.json", FEATURES_GROUP) or "/" in name or name[:1] == ".":
+            raise ValueError(f"{name!r} cannot be a side file of a feature store.")
+        self._files[name] = bytes(data)
+
     def commit(self) -> None:
         """Validate, write the metadata table and fingerprint, and move into place."""
         if not self._writers:
@@ -431,7 +441,10 @@ class StoreWriter:
                 for d, s, n, L, t, _ in sorted(hashes)
             ],
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"provenance": self.provenance} if self.provenance else {}),
         }
+        for name, data in self._files.items():
+            (self._tmp / name).write_bytes(data)
         claim_output(self.path, FEATURE_STORE, overwrite=self.overwrite)  # still ours?
         self._stage.commit()
 
@@ -598,6 +611,11 @@ class FeatureStore:
     def fingerprint(self) -> str:
         """Content hash of the features and metadata (computed at ingest)."""
         return self._attrs["fingerprint"]
+
+    @property
+    def provenance(self) -> dict:
+        """How the features were made, when the writer recorded it (``mmdtl2 extract``)."""
+        return dict(self._attrs.get("provenance") or {})
 
     @property
     def devices(self) -> list[str]:
