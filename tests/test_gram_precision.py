@@ -172,6 +172,17 @@ def test_bad_device_and_gpus_are_refused(cnn_store, tmp_path):
         _gram(store, tmp_path / "g", gpus=2, device="cuda:1")
 
 
+def test_gpus_without_a_gpu_are_refused_before_anything_starts(cnn_store, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    store, _, _ = cnn_store
+    for kw in ({"gpus": 1}, {"device": "cuda", "address": IN_PROCESS}):
+        with pytest.raises(RuntimeError, match=r"need a CUDA GPU.*--device cpu"):
+            compute_gram(store, "conv3", tmp_path / "g", progress=False, **kw)
+        assert not (tmp_path / "g").exists()
+
+
 # ------------------------------------------------------------------------ timing -----
 def test_timing_breakdown_per_tile_and_worker(cnn_store, tmp_path):
     store, _, _ = cnn_store

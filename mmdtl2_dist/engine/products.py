@@ -71,12 +71,40 @@ def mixed_error_bound(n_features: int, span: int = MIXED_SPAN) -> float:
     return k * U32 / (1 - k * U32) + m * U64 / (1 - m * U64)
 
 
+NO_GPU = (
+    "Gram tiles on {device} need a CUDA GPU, and torch finds none on {host} "
+    "(torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only torch); run "
+    "on a machine with a GPU, or use --device cpu, or leave out --gpus/--device."
+)
+
+
 def import_torch(device: str):
     """Import torch for tiles on ``device``, or say how to install it."""
     try:
         import torch
     except ImportError:
         raise ImportError(TORCH_MISSING.format(device=device)) from None
+    return torch
+
+
+def check_device(device: str):
+    """Import torch and check that ``device`` is a torch device this machine has.
+
+    Returns the torch module. Raises ImportError (torch missing), ValueError (not a
+    device name) or RuntimeError (a CUDA device without a usable GPU), each saying what
+    to do.
+    """
+    torch = import_torch(device)
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(
+            f"device {device!r} is not a torch device ({exc}); use 'cuda', 'cuda:N' or 'cpu'."
+        ) from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        import socket
+
+        raise RuntimeError(NO_GPU.format(device=device, host=socket.gethostname()))
     return torch
 
 
@@ -140,7 +168,7 @@ class TorchProduct:
 
     def __init__(self, shape, precision: str, timer: PhaseTimer, device: str):
         with timer.phase("setup"):  # the first tile of a worker imports torch, opens the device
-            self.torch = import_torch(device)
+            self.torch = check_device(device)
             self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
         self.device = str(device)
         self.cuda = self.device.startswith("cuda")
