@@ -212,6 +212,12 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
     if cfg.select:
         tags["select_grid"] = cfg.select
         tags["selected_params"] = fitted.selected_params
+    if fitted.n_unlabelled_target:
+        tags["n_unlabelled_target"] = str(fitted.n_unlabelled_target)
+    if fitted.auto:
+        tags["auto_rule"] = fitted.auto["rule"]
+        tags["auto_choice"] = {k: fitted.auto[k] for k in ("pick", "label", "params", "pca_dim")}
+        tags["auto_pool_size"] = str(fitted.auto["pool_size"])
     for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):
         v = getattr(cfg, key)
         if v is not None:
@@ -233,7 +239,15 @@ def version_description(handle, cfg, fitted) -> str:
         f"target labelled samples of study {spec.name!r} (store fingerprint "
         f"{fitted.store_fingerprint}). Method {cfg.method}, parameters {p}"
     )
-    if fitted.selected_params:
+    if fitted.n_unlabelled_target:
+        s += f", with {fitted.n_unlabelled_target} unlabelled target samples"
+    if fitted.auto:
+        a = fitted.auto
+        s += (
+            f", prior chosen by the rule {a['rule']}: {a['pick']} ({a['label']}, "
+            f"{json.dumps(a['params'], default=str)}) from a pool of {a['pool_size']} samples"
+        )
+    elif fitted.selected_params:
         s += f", chosen by cross-validation: {json.dumps(fitted.selected_params, default=str)}"
     s += f". Configuration: {cfg.selected_by}"
     if cfg.metric_value is not None:
@@ -262,8 +276,13 @@ def register_adapter(
     alias: str | None = "champion",
     export_w: bool = False,
     await_s: int = 300,
+    extractor=None,
 ):
     """Log, register and alias a fitted adapter (see the module docstring).
+
+    ``extractor`` (:func:`~mmdtl2_dist.deploy.training.study_extractor`) makes the model
+    take images: it runs the extractor before the adapter, and the version's tags record
+    the extractor's weights.
 
     Returns
     -------
@@ -282,12 +301,23 @@ def register_adapter(
     exp = client.get_experiment_by_name(handle.experiment)
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(handle.experiment)
     tags = version_tags(handle, cfg, fitted)
+    if extractor is not None:
+        tags.update(
+            input="images",
+            extractor=_tag(f"{extractor.spec} ({extractor.preprocessing.as_dict()})"),
+            extractor_weights=extractor.identity.name,
+            extractor_weights_sha256=extractor.identity.sha256,
+        )
     W = fitted.estimator.transform_matrix() if export_w else None  # fails before logging
     with use_tracking_uri(handle.tracking_uri):
-        return _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s)
+        return _log_and_register(
+            handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s, extractor
+        )
 
 
-def _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s):
+def _log_and_register(
+    handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s, extractor=None
+):
     import mlflow
 
     from mmdtl2_dist.deploy.pyfunc import log_adapter
@@ -303,7 +333,8 @@ def _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias,
         info = log_adapter(
             fitted.estimator.adapter_,
             class_names=fitted.class_names,
-            input_example=fitted.example,
+            input_example=None if extractor is not None else fitted.example,
+            extractor=extractor,
             model_config={
                 "source_device": fitted.source,
                 "target_device": fitted.target,
