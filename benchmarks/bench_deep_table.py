@@ -134,8 +134,9 @@ def column_predict(column: tuple, Xs, ys, Xl, yl, Xq) -> np.ndarray:
     if kind == "core":
         prob = GramProblem.from_features(Xs, ys, Xl, yl, Xq, test_gram=False)
         return np.asarray(fit_predict(method, params, prob).y_pred)
-    if kind == "skada":
-        return skada_predict(method, params, Xs, ys, Xl, yl, Xq)[0]
+    if kind == "skada":  # transductive, as the papers: the test features in the pool
+        pool, masked = np.vstack([Xl, Xq]), np.r_[yl, np.full(len(Xq), -1, dtype=np.int64)]
+        return skada_predict(method, params, Xs, ys, pool, masked, Xq)[0]
     return estimator_predict(method, params, Xs, ys, Xl, yl, Xq)
 
 
