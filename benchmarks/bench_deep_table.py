@@ -207,11 +207,11 @@ def format_table(summary: dict, names: list[str], splits: int) -> str:
             cells.append(f"{s['max_source_target']:.1f}")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     cols = summary["columns"]
-    ref = [f"{np.mean([s['max_source_target'] for s in summary['shifts'].values()]):.1f}"]
+    ref = ""
+    if has_ref:
+        ref = f" {np.mean([s['max_source_target'] for s in summary['shifts'].values()]):.1f} |"
     lines.append(
-        "| **mean** | "
-        + " | ".join(f"**{cols[c]['mean']:.1f}**" for c in names)
-        + (f" | {ref[0]} |" if has_ref else " |")
+        "| **mean** | " + " | ".join(f"**{cols[c]['mean']:.1f}**" for c in names) + " |" + ref
     )
     if has_ref:
         n = len(summary["shifts"])
