@@ -86,8 +86,8 @@ def skada_predict(
         Preprocessed source training features and labels.
     Xpool, ypool_masked : ndarray
         The target samples the adapter learns from: labels are -1 except for the
-        labelled samples (at least one). With a transductive protocol the test samples'
-        features are among them, labelled -1.
+        labelled samples (with none, the SVM learns from the adapted source alone). With
+        a transductive protocol the test samples' features are among them, labelled -1.
     Xq : ndarray
         Target test features, to predict.
 
@@ -126,8 +126,8 @@ def _target_rows(Xpool: np.ndarray, ypool_masked: np.ndarray):
     :func:`mmdtl2_dist.core.selection.canonical_order`), the unlabelled rows sorted by
     their features (rounded to 1e-9 of the largest magnitude). libsvm's solution and the
     CV's ties depend on the order of the training rows, so a split listed by index (a
-    study) and the same split listed as its split file has it (``mmdtl2 office``, the
-    benchmarks) give the same predictions.
+    study) and the same split listed as its split file has it (the benchmarks) give the
+    same predictions.
     """
     from mmdtl2_dist.core.selection import canonical_order
 
