@@ -48,25 +48,60 @@ run with one BLAS/OpenMP thread (:mod:`mmdtl2_dist.core.threads`).
 from __future__ import annotations
 
 import warnings
+from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from mmdtl2_dist.core.adapter import AdapterState, check_features
 from mmdtl2_dist.core.auto import LowRankMap
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.methods import GramProblem, default_params
-from mmdtl2_dist.core.mmdtl2 import (
-    MMDTL2Params,
-    check_weights,
-    fit_mmdtl2_gram,
-    hinge_weights_named,
-)
-from mmdtl2_dist.core.preprocessing import check_scale, fit_preprocessing
+from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram, hinge_weights_named
+from mmdtl2_dist.core.params import DEFAULTS, Param, check_params, method_params
+from mmdtl2_dist.core.preprocessing import PREPROCESSING, check_scale, fit_preprocessing
 from mmdtl2_dist.core.threads import one_thread
 
 MAX_EXPLICIT_W = 50_000_000  # entries of an explicit W (400 MB of doubles)
+# The core's defaults, the estimators' __init__ defaults (mmdtl2_dist.core.params).
+_SOURCE_SVM, _TARGET_SVM, _MMDT = DEFAULTS["source_svm"], DEFAULTS["target_svm"], DEFAULTS["mmdt"]
+_MMDTL2, _HOFFMAN = DEFAULTS["mmdtl2"], DEFAULTS["mmdt_hoffman"]
+#: scikit-learn constraints of the estimator parameters that are not method parameters.
+_ESTIMATOR_CONSTRAINTS = {
+    "preprocessing": [StrOptions(set(PREPROCESSING))],
+    "W0": ["array-like", None],
+    "select": [str, list, None],
+    "allow_target_only_classes": ["boolean"],
+}
+
+
+def _sklearn_constraint(param: Param) -> list:
+    """scikit-learn's ``_parameter_constraints`` entry for a core :class:`Param`."""
+    if param.kind == "choice":
+        bools = all(isinstance(c, bool) for c in param.choices)
+        out = ["boolean"] if bools else [StrOptions(set(param.choices))]
+    else:
+        low = None if param.low == -np.inf else param.low
+        high = None if param.high == np.inf else param.high
+        left = low is not None and not param.low_open
+        right = high is not None and not param.high_open
+        closed = {(True, True): "both", (True, False): "left", (False, True): "right"}
+        kind = Integral if param.kind == "int" else Real
+        out = [Interval(kind, low, high, closed=closed.get((left, right), "neither"))]
+    return out + ([None] if param.none_word is not None else [])
+
+
+def parameter_constraints(method: str, names: list[str]) -> dict[str, list]:
+    """``_parameter_constraints`` of an estimator of ``method`` with parameters ``names``.
+
+    Derived from :mod:`mmdtl2_dist.core.params`, the one description of the method's
+    parameters, so scikit-learn's tools see the ranges the core checks.
+    """
+    specs = method_params(method)
+    return {n: _sklearn_constraint(specs[n]) if n in specs else _ESTIMATOR_CONSTRAINTS[n]
+            for n in names}  # fmt: skip
 
 
 def _check_labels(y, n: int, name: str) -> np.ndarray:
@@ -256,6 +291,12 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
     _needs_source = True
     _needs_target = True
     _uses_unlabelled = False  # accepts unlabelled target samples (fit_domains' Xt_unlabelled)
+    _method = ""  # the core method (mmdtl2_dist.core.params.DEFAULTS) of a concrete class
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls._method:
+            cls._parameter_constraints = parameter_constraints(cls._method, cls._get_param_names())
 
     @one_thread
     def fit(self, X, y, *, sample_domain=None):
@@ -284,8 +325,14 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
             f"or pass the two domains separately: {name}().fit_domains(Xs, ys, Xt, yt)."
         )
 
+    def _check_params(self) -> None:
+        """Check the method parameters with the core's rules (:mod:`mmdtl2_dist.core.params`)."""
+        names = DEFAULTS[self._method]
+        check_params(self._method, {k: v for k, v in self.get_params(deep=False).items()
+                                    if k in names})  # fmt: skip
+
     def _validate_domains(self, Xs, ys, Xt, yt):
-        check_weights(self.get_params(deep=False))
+        self._check_params()
         if self._needs_source:
             if Xs is None or _n_rows(Xs) == 0:
                 raise ValueError(
@@ -412,8 +459,10 @@ class TargetSVM(_LinearSVMBase):
     """
 
     _needs_source = False
+    _method = "target_svm"
 
-    def __init__(self, c_t=1.0, preprocessing="none", qp_solver="pdas", qp_tol=1e-8):
+    def __init__(self, c_t=_TARGET_SVM["c_t"], preprocessing="none",
+                 qp_solver=_TARGET_SVM["qp_solver"], qp_tol=_TARGET_SVM["qp_tol"]):  # fmt: skip
         self.c_t = c_t
         self.preprocessing = preprocessing
         self.qp_solver = qp_solver
@@ -445,8 +494,10 @@ class SourceSVM(_LinearSVMBase):
     """
 
     _needs_target = False
+    _method = "source_svm"
 
-    def __init__(self, c_s=1.0, c_t=1.0, preprocessing="none", qp_solver="pdas", qp_tol=1e-8):
+    def __init__(self, c_s=_SOURCE_SVM["c_s"], c_t=_SOURCE_SVM["c_t"], preprocessing="none",
+                 qp_solver=_SOURCE_SVM["qp_solver"], qp_tol=_SOURCE_SVM["qp_tol"]):  # fmt: skip
         self.c_s = c_s
         self.c_t = c_t
         self.preprocessing = preprocessing
@@ -564,26 +615,27 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     """
 
     _uses_unlabelled = True
+    _method = "mmdtl2"
 
     def __init__(
         self,
-        c_f=0.1,
-        c_d=0.1,
-        c_t=0.1,
-        c_s=0.1,
-        kernel="linear",
-        gamma=None,
-        degree=2,
-        coef0=1.0,
-        prior="zero",
-        prior_weight=1.0,
+        c_f=_MMDTL2["c_f"],
+        c_d=_MMDTL2["c_d"],
+        c_t=_MMDTL2["c_t"],
+        c_s=_MMDTL2["c_s"],
+        kernel=_MMDTL2["kernel"],
+        gamma=_MMDTL2["gamma"],
+        degree=_MMDTL2["degree"],
+        coef0=_MMDTL2["coef0"],
+        prior=_MMDTL2["prior"],
+        prior_weight=_MMDTL2["prior_weight"],
         W0=None,
         preprocessing="none",
-        max_iter=20,
-        tol=1e-5,
-        qp_solver="pdas",
-        qp_tol=1e-8,
-        init="source",
+        max_iter=_MMDTL2["max_iter"],
+        tol=_MMDTL2["tol"],
+        qp_solver=_MMDTL2["qp_solver"],
+        qp_tol=_MMDTL2["qp_tol"],
+        init=_MMDTL2["init"],
         select=None,
         allow_target_only_classes=False,
     ):
@@ -844,15 +896,17 @@ class MMDT(TransformerMixin, _AdaptationBase):
         As :class:`MMDTL2` (``tol`` on the relative change of ``W``).
     """
 
+    _method = "mmdt"
+
     def __init__(
         self,
-        c_t=1.0,
-        c_s=0.05,
+        c_t=_MMDT["c_t"],
+        c_s=_MMDT["c_s"],
         preprocessing="none",
-        max_iter=20,
-        tol=1e-5,
-        qp_solver="pdas",
-        qp_tol=1e-8,
+        max_iter=_MMDT["max_iter"],
+        tol=_MMDT["tol"],
+        qp_solver=_MMDT["qp_solver"],
+        qp_tol=_MMDT["qp_tol"],
     ):
         self.c_t = c_t
         self.c_s = c_s
@@ -913,8 +967,11 @@ class MMDTHoffman(_AdaptationBase):
     space. See :mod:`mmdtl2_dist.core.mmdt_hoffman` for the algorithm and ``faithful``.
     """
 
-    def __init__(self, c_s=0.05, c_t=1.0, gamma=1e-4, n_iter=2, pca_dim=20, faithful=True,
-                 preprocessing="none"):  # fmt: skip
+    _method = "mmdt_hoffman"
+
+    def __init__(self, c_s=_HOFFMAN["c_s"], c_t=_HOFFMAN["c_t"], gamma=_HOFFMAN["gamma"],
+                 n_iter=_HOFFMAN["n_iter"], pca_dim=_HOFFMAN["pca_dim"],
+                 faithful=_HOFFMAN["faithful"], preprocessing="none"):  # fmt: skip
         self.c_s = c_s
         self.c_t = c_t
         self.gamma = gamma

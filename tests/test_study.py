@@ -301,31 +301,11 @@ def test_units_call_the_core_with_cv_and_test_gram(tmp_path, ray_local):
     assert u["accuracy"] == pytest.approx(float(np.mean(direct.y_pred == blocks.yq)))
 
 
-def test_spec_params_are_the_cores():
-    from mmdtl2_dist.core.methods import DEFAULTS
-    from mmdtl2_dist.study.spec import CORE_METHODS, core_params, param_rules
-
-    assert set(CORE_METHODS) == set(DEFAULTS)
-    for m in CORE_METHODS:
-        assert set(param_rules(m)) == set(DEFAULTS[m])
-    with pytest.raises(SpecError, match="no parameter 'kernel'"):
-        parse_spec(_raw(methods=[{"method": "mmdt", "params": {"kernel": "rbf"}}]))
-    with pytest.raises(SpecError, match="qp_solver must be one of"):
-        parse_spec(_raw(methods=[{"method": "mmdt", "params": {"qp_solver": "cvx"}}]))
-    with pytest.raises(SpecError, match='pca_dim must be a positive integer or "none"'):
-        parse_spec(_raw(methods=[{"method": "mmdt_hoffman", "params": {"pca_dim": 0}}]))
-    assert core_params({"gamma": "auto", "pca_dim": "none", "c_f": 1.0}) == {
-        "gamma": None,
-        "pca_dim": None,
-        "c_f": 1.0,
-    }
-
-
 def test_bundled_specs_use_core_parameter_names():
     """Every method and parameter name in studies/*.toml is one the core (or skada) takes."""
     from pathlib import Path
 
-    from mmdtl2_dist.core.methods import DEFAULTS
+    from mmdtl2_dist.core.params import DEFAULTS
     from mmdtl2_dist.study.spec import EXTRA_PARAMS
 
     for p in sorted(Path(__file__).resolve().parents[1].glob("studies/*.toml")):

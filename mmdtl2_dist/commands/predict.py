@@ -31,6 +31,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_registered_model(args.model, args.tracking_uri)
     load_s = time.perf_counter() - t0
     config = model.model_config or {}
+    if config.get("input") == "images":
+        raise ValueError(
+            f"{args.model} takes images (registered with --with-extractor), and `mmdtl2 "
+            "predict` reads features; score features with the feature-input adapter of the "
+            "same study (register it without --with-extractor), or send images to the model "
+            "served by `mlflow models serve`."
+        )
     device = args.device or config.get("target_device")
     space = args.space or config.get("feature_space")
     n_features = config.get("n_features")

@@ -71,10 +71,12 @@ def _register(args: argparse.Namespace, handle) -> int:
         fit_adapter,
         pair_metric,
         recommended_config,
+        study_extractor,
         study_pairs,
     )
 
     source, target = choose_pair(handle, args.pair)
+    extractor = study_extractor(handle, args.with_extractor) if args.with_extractor else None
     pm = pair_metric(source, target)
     if args.method is not None:
         if args.metric or args.label:
@@ -109,6 +111,7 @@ def _register(args: argparse.Namespace, handle) -> int:
             name=args.name,
             alias=None if args.no_alias else args.alias,
             export_w=args.export_w,
+            extractor=extractor,
         )
     if args.no_alias:
         uri, note = f"models:/{args.name}/{mv.version}", ""
@@ -117,7 +120,17 @@ def _register(args: argparse.Namespace, handle) -> int:
     print(f"registered {args.name!r} version {mv.version}{note}")
     print(f"model:    {uri}")
     print(f"tracking: {handle.tracking_uri}")
-    print(f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mmdtl2 serve --model {uri}")
+    if extractor is None:
+        print(f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mmdtl2 serve --model {uri}")
+        return 0
+    print(
+        f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mlflow models serve -m {uri} "
+        "--env-manager local -h 127.0.0.1 -p 5001"
+    )
+    print(
+        'request:  {"dataframe_split": {"columns": ["image"], "data": [["<base64 of a PNG '
+        'or JPEG file>"]]}}'
+    )
     return 0
 
 
@@ -192,6 +205,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--export-w",
         action="store_true",
         help="also log the explicit transform W as W/W.npy of the run (linear kernel, small L)",
+    )
+    p.add_argument(
+        "--with-extractor",
+        metavar="WEIGHTS",
+        help="log a model that takes images: it runs the extractor that made the study's "
+        "features (from `mmdtl2 extract`; WEIGHTS: the same imagenet / PATH / random:SEED, "
+        "checked by SHA-256) before the adapter",
     )
     p.add_argument(
         "--tracking-uri",

@@ -28,29 +28,11 @@ import os
 
 import numpy as np
 import pandas as pd
-from mlflow.exceptions import MlflowException
 from mlflow.models import set_model
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
 from mmdtl2_dist.core.adapter import AdapterState
-
-
-def class_names_of(adapter: AdapterState, model_config: dict | None) -> list[str]:
-    """Class names from the model configuration, else the labels as strings."""
-    names = list((model_config or {}).get("class_names") or [])
-    if len(names) != len(adapter.classes):
-        names = [str(c) for c in adapter.classes.tolist()]
-    return names
-
-
-def predictions_frame(adapter: AdapterState, scores: np.ndarray, names: list[str]) -> pd.DataFrame:
-    """The output table: ``class``, ``label`` and ``score_<name>`` per class."""
-    best = np.argmax(scores, axis=1)
-    out = {"class": np.asarray(names, dtype=object)[best], "label": adapter.classes[best]}
-    for k, name in enumerate(names):
-        out[f"score_{name}"] = scores[:, k]
-    return pd.DataFrame(out)
+from mmdtl2_dist.deploy.scoring import class_names_of, invalid_input, predictions_frame
 
 
 def as_feature_rows(model_input):
@@ -87,12 +69,10 @@ class AdapterModel(PythonModel):
         try:
             scores = self.adapter.decision_function(as_feature_rows(model_input))
         except ValueError as exc:
-            # MlflowException with this code makes the scoring server answer 400 with the
-            # message; any other exception would be a generic 400 without it.
-            raise MlflowException(
+            raise invalid_input(
                 f"invalid input for the MMDTL2 adapter ({self.adapter.feature_space}, "
                 f"{self.adapter.n_features} features): {exc}",
-                error_code=INVALID_PARAMETER_VALUE,
+                exc,
             ) from exc
         return predictions_frame(self.adapter, scores, self.names)
 

@@ -32,11 +32,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from mmdtl2_dist.core.adapter import AdapterState
 
-#: The model-from-code file logged with every adapter.
+#: The model-from-code file logged with every adapter, and with image-input adapters.
 MODEL_CODE = Path(__file__).resolve().with_name("model_code.py")
+MODEL_CODE_IMAGES = Path(__file__).resolve().with_name("model_code_images.py")
 #: Modules of this package that the model code needs (relative to the package root).
 SHIPPED_MODULES = (
     "__init__.py",
@@ -45,19 +47,38 @@ SHIPPED_MODULES = (
     "core/preprocessing.py",
     "core/adapter.py",
     "core/threads.py",
+    "deploy/__init__.py",
+    "deploy/scoring.py",
 )
+#: What image-input adapters ship as well (torch, torchvision and Pillow only).
+SHIPPED_IMAGE_MODULES = ("extract/__init__.py", "extract/model.py")
 
 
-def pip_requirements() -> list[str]:
-    """Pinned requirements of the model code (see the module docstring)."""
+def pip_requirements(images: bool = False) -> list[str]:
+    """Pinned requirements of the model code (see the module docstring).
+
+    Image-input adapters add torch, torchvision and Pillow, pinned without the local
+    build label (``2.14.1``, not ``2.14.1+cpu``) so that the pins install from PyPI.
+    """
     import mlflow
     import pandas as pd
 
-    return [
+    reqs = [
         f"mlflow=={mlflow.__version__}",
         f"numpy=={np.__version__}",
         f"pandas=={pd.__version__}",
     ]
+    if images:
+        import PIL
+        import torch
+        import torchvision
+
+        reqs += [
+            f"torch=={torch.__version__.split('+')[0]}",
+            f"torchvision=={torchvision.__version__.split('+')[0]}",
+            f"pillow=={PIL.__version__}",
+        ]
+    return reqs
 
 
 def class_names_for(adapter: AdapterState, names: list[str] | None) -> list[str]:
@@ -88,13 +109,24 @@ def adapter_signature(adapter: AdapterState, class_names: list[str]):
     )
 
 
-def stage_code(folder: Path) -> Path:
-    """Copy :data:`SHIPPED_MODULES` into ``folder/mmdtl2_dist``; return that package path."""
+def image_signature(adapter: AdapterState, class_names: list[str]):
+    """Input: a binary column ``image`` (base64 when served). Output: as the adapter's."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    return ModelSignature(
+        inputs=Schema([ColSpec("binary", "image")]),
+        outputs=adapter_signature(adapter, class_names).outputs,
+    )
+
+
+def stage_code(folder: Path, modules: tuple[str, ...] = SHIPPED_MODULES) -> Path:
+    """Copy ``modules`` into ``folder/mmdtl2_dist``; return that package path."""
     import mmdtl2_dist
 
     src = Path(mmdtl2_dist.__file__).resolve().parent
     dst = Path(folder) / "mmdtl2_dist"
-    for rel in SHIPPED_MODULES:
+    for rel in modules:
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, dst / rel)
     return dst
@@ -108,6 +140,7 @@ def log_adapter(
     input_example: np.ndarray | None = None,
     model_config: dict | None = None,
     tags: dict | None = None,
+    extractor=None,
 ):
     """Log ``adapter`` as a pyfunc model in the active MLflow run (or a new LoggedModel).
 
@@ -126,6 +159,10 @@ def log_adapter(
         Extra descriptive fields stored in ``MLmodel`` (devices, study...).
     tags : dict, optional
         Tags of the logged model.
+    extractor : mmdtl2_dist.extract.model.Extractor, optional
+        Log an image-input model (:mod:`~mmdtl2_dist.deploy.model_code_images`) that runs
+        this extractor before the adapter; ``input_example`` is then one encoded image
+        (bytes). Its ``identity`` is recorded in ``model_config``.
 
     Returns
     -------
@@ -136,8 +173,7 @@ def log_adapter(
 
     names = class_names_for(adapter, class_names)
     if input_example is None:
-        input_example = np.zeros((1, adapter.n_features))
-    input_example = np.asarray(input_example, dtype=np.float64)[:1]
+        input_example = grey_png() if extractor else np.zeros((1, adapter.n_features))
     config = {
         "class_names": names,
         "feature_space": adapter.feature_space,
@@ -148,15 +184,61 @@ def log_adapter(
         folder = Path(tmp) / "adapter"
         folder.mkdir()
         adapter.save(folder / "adapter")
-        code = stage_code(Path(tmp) / "code")
+        artifacts = {"adapter": str(folder)}
+        if extractor is None:
+            model_code, modules = MODEL_CODE, SHIPPED_MODULES
+            signature = adapter_signature(adapter, names)
+            example = np.asarray(input_example, dtype=np.float64)[:1]
+        else:
+            model_code, modules = MODEL_CODE_IMAGES, SHIPPED_MODULES + SHIPPED_IMAGE_MODULES
+            signature = image_signature(adapter, names)
+            example = pd.DataFrame({"image": [bytes(input_example)]})
+            artifacts["extractor"] = str(save_extractor(extractor, Path(tmp) / "extractor"))
+            config.update(input="images", extractor=extractor_config(extractor))
+        code = stage_code(Path(tmp) / "code", modules)
         return mlflow.pyfunc.log_model(
             name=name,
-            python_model=str(MODEL_CODE),
-            artifacts={"adapter": str(folder)},
+            python_model=str(model_code),
+            artifacts=artifacts,
             code_paths=[str(code)],
-            signature=adapter_signature(adapter, names),
-            input_example=input_example,
-            pip_requirements=pip_requirements(),
+            signature=signature,
+            input_example=example,
+            pip_requirements=pip_requirements(images=extractor is not None),
             model_config=config,
             tags=tags,
         )
+
+
+def grey_png(size: int = 32) -> bytes:
+    """A small grey PNG: the input example of an image-input adapter."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), (128, 128, 128)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def extractor_config(extractor) -> dict:
+    """What an image-input adapter records about its extractor (``extractor.json``)."""
+    layer = extractor.spec.layers[0]
+    return {
+        "model": extractor.spec.model,
+        "layer": layer,
+        "node": extractor.spec.node(layer),
+        "n_features": extractor.dims[layer],
+        "preprocessing": extractor.preprocessing.as_dict(),
+        "weights": {"name": extractor.identity.name, "sha256": extractor.identity.sha256},
+    }
+
+
+def save_extractor(extractor, folder: Path) -> Path:
+    """Write ``extractor.json`` and ``weights.npz`` (the cut model's tensors) to ``folder``."""
+    import json
+
+    folder.mkdir()
+    (folder / "extractor.json").write_text(json.dumps(extractor_config(extractor), indent=1))
+    state = {k: v.numpy() for k, v in extractor.cut_state().items()}
+    np.savez(folder / "weights.npz", **state)
+    return folder

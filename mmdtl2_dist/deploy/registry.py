@@ -276,8 +276,13 @@ def register_adapter(
     alias: str | None = "champion",
     export_w: bool = False,
     await_s: int = 300,
+    extractor=None,
 ):
     """Log, register and alias a fitted adapter (see the module docstring).
+
+    ``extractor`` (:func:`~mmdtl2_dist.deploy.training.study_extractor`) makes the model
+    take images: it runs the extractor before the adapter, and the version's tags record
+    the extractor's weights.
 
     Returns
     -------
@@ -296,12 +301,23 @@ def register_adapter(
     exp = client.get_experiment_by_name(handle.experiment)
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(handle.experiment)
     tags = version_tags(handle, cfg, fitted)
+    if extractor is not None:
+        tags.update(
+            input="images",
+            extractor=_tag(f"{extractor.spec} ({extractor.preprocessing.as_dict()})"),
+            extractor_weights=extractor.identity.name,
+            extractor_weights_sha256=extractor.identity.sha256,
+        )
     W = fitted.estimator.transform_matrix() if export_w else None  # fails before logging
     with use_tracking_uri(handle.tracking_uri):
-        return _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s)
+        return _log_and_register(
+            handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s, extractor
+        )
 
 
-def _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s):
+def _log_and_register(
+    handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s, extractor=None
+):
     import mlflow
 
     from mmdtl2_dist.deploy.pyfunc import log_adapter
@@ -317,7 +333,8 @@ def _log_and_register(handle, cfg, fitted, client, exp_id, tags, W, name, alias,
         info = log_adapter(
             fitted.estimator.adapter_,
             class_names=fitted.class_names,
-            input_example=fitted.example,
+            input_example=None if extractor is not None else fitted.example,
+            extractor=extractor,
             model_config={
                 "source_device": fitted.source,
                 "target_device": fitted.target,

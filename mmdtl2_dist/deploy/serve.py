@@ -275,6 +275,13 @@ def serve(
         config = Model.load(path).flavors.get("python_function", {}).get("config") or {}
         if "n_features" not in config:
             raise ValueError(f"{model_uri!r} is not an MMDTL2 adapter logged by `mmdtl2 register`.")
+        if config.get("input") == "images":
+            raise ValueError(
+                f"{model_uri!r} takes images (registered with --with-extractor), and `mmdtl2 "
+                "serve` serves feature-input adapters; serve it with `mlflow models serve -m "
+                f"{model_uri} --env-manager local`, or register the study without "
+                "--with-extractor for a feature-input adapter."
+            )
         os.environ.update({ENV["model_path"]: path, **limits.to_env()})
         uvicorn.run(
             "mmdtl2_dist.deploy.serve_app:app",

@@ -430,3 +430,45 @@ def fit_adapter(handle: StudyHandle, pair: tuple[str, str], cfg: ChosenConfig) -
 def describe(cfg: ChosenConfig) -> str:
     """A one-line JSON of the study's accuracy for the configuration (for tags)."""
     return json.dumps({str(k): v for k, v in cfg.study_accuracy.items()}, sort_keys=True)
+
+
+def study_extractor(handle: StudyHandle, weights: str):
+    """The extractor that made the study's target features, with the given weights.
+
+    The store must have been written by ``mmdtl2 extract`` (its provenance names the
+    model, layers and preprocessing), and ``weights`` must be the very weights it used
+    (same SHA-256): an image-input adapter must compute the features its adapter was
+    fitted on.
+
+    Raises
+    ------
+    ValueError
+        If the store has no extraction provenance, or the weights differ.
+    """
+    from mmdtl2_dist.extract.model import Extractor, ModelSpec, Preprocessing, require_torch
+    from mmdtl2_dist.store.feature_store import FeatureStore
+
+    require_torch()
+    fs = FeatureStore.open(handle.store)
+    prov = fs.provenance.get("extraction")
+    if not prov:
+        raise ValueError(
+            f"the study's feature store {fs.path} was not written by `mmdtl2 extract`, so no "
+            "extractor is known for its features; register without --with-extractor (the "
+            "adapter takes features), or build the study on a store from `mmdtl2 extract`."
+        )
+    space = handle.spec.target_space
+    layer = next((k for k, v in prov["layers"].items() if v["space"] == space), None)
+    if layer is None:
+        raise ValueError(f"the store's extraction made no space {space!r}: {prov['layers']}.")
+    spec = ModelSpec(prov["model"], (layer,))
+    ex = Extractor(spec, weights, Preprocessing.from_dict(prov["preprocessing"]))
+    want = prov["weights"]
+    if ex.identity.sha256 != want["sha256"]:
+        raise ValueError(
+            f"--with-extractor {weights}: these weights ({ex.identity.name}, SHA-256 "
+            f"{ex.identity.sha256[:16]}...) are not those the study's features were extracted "
+            f"with ({want['name']}, SHA-256 {want['sha256'][:16]}...); give those weights."
+        )
+    ex.identity = type(ex.identity)(want["name"], want["sha256"])
+    return ex

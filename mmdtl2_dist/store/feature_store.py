@@ -111,7 +111,9 @@ def _open_cached(array_path: str) -> zarr.Array:
     return arr
 
 
-def read_array_block(array_path: str, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+def read_array_block(
+    array_path: str, r0: int, r1: int, c0: int, c1: int, *, check_finite: bool = True
+) -> np.ndarray:
     """Read ``array[r0:r1, c0:c1]`` of a feature array, refusing damaged data.
 
     Parameters
@@ -120,6 +122,11 @@ def read_array_block(array_path: str, r0: int, r1: int, c0: int, c1: int) -> np.
         Absolute path of the Zarr array (as given by :meth:`FeatureStore.array_path`).
     r0, r1, c0, c1 : int
         Row and column range.
+    check_finite : bool
+        Refuse non-finite values (NaN is the fill value of a lost chunk). A caller that
+        checks its results instead (a NaN reaches every product it enters) passes False
+        and saves a pass over the data, then reads again with the check to name the
+        damaged chunks.
 
     Returns
     -------
@@ -138,7 +145,7 @@ def read_array_block(array_path: str, r0: int, r1: int, c0: int, c1: int) -> np.
         bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
         raise CorruptChunkError(array_path, bad or [("?",)], reason) from exc
     # Ingest refuses NaN and NaN is the fill value: a NaN here is a lost chunk.
-    if block.size and not np.isfinite(block).all():
+    if check_finite and block.size and not np.isfinite(block).all():
         bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
         raise CorruptChunkError(array_path, bad or [("?",)], reason or "hold non-finite values")
     return block
@@ -326,6 +333,10 @@ class StoreWriter:
         self._tmp = self._stage.tmp
         self._writers: list[ArrayWriter] = []
         self._root = None
+        #: How the features were made (e.g. the extractor and its weights), recorded as
+        #: the root attribute's ``provenance`` (:attr:`FeatureStore.provenance`).
+        self.provenance: dict = {}
+        self._files: dict[str, bytes] = {}
 
     def __enter__(self) -> StoreWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -401,6 +412,12 @@ class StoreWriter:
             bar.update(w.rows_written)
         return w
 
+    def add_file(self, name: str, data: bytes) -> None:
+        """Add a side file at the store's top level (e.g. the list of skipped images)."""
+        if name in (METADATA_FILE, "zarr.json", FEATURES_GROUP) or "/" in name or name[:1] == ".":
+            raise ValueError(f"{name!r} cannot be a side file of a feature store.")
+        self._files[name] = bytes(data)
+
     def commit(self) -> None:
         """Validate, write the metadata table and fingerprint, and move into place."""
         if not self._writers:
@@ -424,7 +441,10 @@ class StoreWriter:
                 for d, s, n, L, t, _ in sorted(hashes)
             ],
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"provenance": self.provenance} if self.provenance else {}),
         }
+        for name, data in self._files.items():
+            (self._tmp / name).write_bytes(data)
         claim_output(self.path, FEATURE_STORE, overwrite=self.overwrite)  # still ours?
         self._stage.commit()
 
@@ -591,6 +611,11 @@ class FeatureStore:
     def fingerprint(self) -> str:
         """Content hash of the features and metadata (computed at ingest)."""
         return self._attrs["fingerprint"]
+
+    @property
+    def provenance(self) -> dict:
+        """How the features were made, when the writer recorded it (``mmdtl2 extract``)."""
+        return dict(self._attrs.get("provenance") or {})
 
     @property
     def devices(self) -> list[str]:

@@ -17,6 +17,9 @@ per class, how splits are drawn, and where results go. Example (TOML)::
     preprocessing = "l2_zscore"        # none | l2 | zscore | l2_zscore (per device)
     gram_dir = "/shared/grams"         # optional; default <store>.grams beside the store
 
+    [gram]                             # optional
+    precision = "float64"              # float64 (exact) | mixed (float32 products)
+
     [splits]
     protocol = "half"                  # half | group | fixed
     n_splits = 10
@@ -60,8 +63,11 @@ from typing import Any
 
 import yaml
 
-from mmdtl2_dist.core.methods import DEFAULTS as CORE_DEFAULTS
+from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
+from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
+from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
 from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
+from mmdtl2_dist.engine.products import PRECISIONS as GRAM_PRECISIONS
 from mmdtl2_dist.study.splits import PROTOCOLS
 
 #: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
@@ -70,44 +76,21 @@ CORE_METHODS = tuple(CORE_DEFAULTS)
 EXTRA_METHODS = ("coral_svm", "sa_svm", "kmm_svm")
 ALL_METHODS = CORE_METHODS + EXTRA_METHODS
 #: Methods that need source and target in one feature space.
-SAME_SPACE_METHODS = ("source_svm", "mmdt_hoffman", "coral_svm", "sa_svm", "kmm_svm")
-KERNELS = ("linear", "rbf", "poly")
-#: Value rules of the core's parameters. The *names* a method accepts are the keys of
-#: its ``DEFAULTS`` entry; a name without a rule here accepts any scalar. In a spec,
-#: ``"auto"`` stands for the core's ``None`` (TOML has no null): ``gamma = "auto"`` is
-#: the data-driven kernel width, ``pca_dim = "none"`` turns the PCA off.
-CORE_PARAMS = {
-    "c_f": "positive",
-    "c_d": "nonnegative",
-    "c_t": "positive",
-    "c_s": "positive",
-    "kernel": KERNELS,
-    "gamma": "positive_or_auto",
-    "degree": "positive_int",
-    "coef0": "number",
-    "prior": ("zero", "identity"),
-    "prior_weight": "nonnegative",
-    "init": ("source", "source+prior"),
-    "max_iter": "positive_int",
-    "tol": "positive",
-    "qp_solver": ("pdas", "osqp"),
-    "qp_tol": "positive",
-    "n_iter": "positive_int",
-    "pca_dim": "positive_int_or_none",
-    "bregman_tol": "positive",
-    "check_every": "positive_int",
-    "max_steps": "positive_int",
-    "faithful": (True, False),
+SAME_SPACE_METHODS = (*sorted(NEEDS_SHARED_SPACE), *EXTRA_METHODS)
+_SVM_C = positive("hinge weight of the SVM")
+#: Parameters of the skada baselines (their values as skada takes them; ``reg = "auto"`` is
+#: skada's own default).
+EXTRA_PARAMS: dict[str, dict[str, Param]] = {
+    "coral_svm": {"reg": positive("CORAL regulariser", none_word="auto"), "c": _SVM_C},
+    "sa_svm": {"n_components": count("subspace dimension"), "c": _SVM_C},
+    "kmm_svm": {
+        "kmm_gamma": positive("KMM kernel width"),
+        "kmm_B": positive("KMM weight bound"),
+        "c": _SVM_C,
+    },
 }
-#: Where one name means different things in different methods.
-METHOD_PARAMS = {"mmdt_hoffman": {"gamma": "positive"}}
-EXTRA_PARAMS = {
-    "coral_svm": {"reg": "positive_or_auto", "c": "positive"},
-    "sa_svm": {"n_components": "positive_int", "c": "positive"},
-    "kmm_svm": {"kmm_gamma": "positive", "kmm_B": "positive", "c": "positive"},
-}
-#: Spec spellings of the core's ``None``.
-NONE_WORDS = {"gamma": "auto", "pca_dim": "none"}
+#: Spec spellings of the core's ``None`` (TOML has no null).
+NONE_WORDS = {k: p.none_word for k, p in PARAMS.items() if p.none_word is not None}
 BUILTIN_DATA = ("office_caltech10",)
 #: Which unlabelled target samples the methods that use them see (``select = "auto"``'s
 #: prior pool, the skada baselines' target samples): every non-test sample of the target
@@ -201,6 +184,7 @@ class StudySpec:
     split_tasks: int = 0
     max_concurrent_trials: int = 0
     gram_dir: Path | None = None
+    gram_precision: str = "float64"
     tracking_uri: str | None = None
     experiment: str | None = None
     reference_source: str | None = None
@@ -293,50 +277,38 @@ def _int(where: str, key: str, v: Any, minimum: int = 0) -> int:
     return v
 
 
-def param_rules(method: str) -> dict[str, Any]:
-    """The parameters a method accepts in a spec, with their value rules."""
-    if method in EXTRA_PARAMS:
-        return EXTRA_PARAMS[method]
-    over = METHOD_PARAMS.get(method, {})
-    return {k: over.get(k, CORE_PARAMS.get(k, "scalar")) for k in CORE_DEFAULTS[method]}
-
-
 def core_params(params: dict) -> dict:
     """Spec parameter values as the core takes them (``"auto"``/``"none"`` -> ``None``)."""
     return {k: None if NONE_WORDS.get(k) == v else v for k, v in params.items()}
 
 
 def check_param(where: str, method: str, name: str, value: Any) -> None:
-    """Validate one method parameter value; raise :class:`SpecError` naming the fix."""
-    rules = param_rules(method)
-    if name not in rules:
-        raise _err(where, f"method {method!r} has no parameter {name!r}; known: {sorted(rules)}.")
-    rule = rules[name]
-    ok = True
-    if isinstance(rule, tuple):
-        ok = any(value == r and type(value) is type(r) for r in rule)
-        expect = f"one of {rule}"
-    elif rule == "scalar":
-        ok = isinstance(value, str | bool) or _is_num(value)
-        expect = "a number, a string or a boolean"
-    elif rule in ("positive_int", "positive_int_or_none"):
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        ok = ok or (rule == "positive_int_or_none" and value == "none")
-        expect = "a positive integer" + (' or "none"' if rule.endswith("none") else "")
-    elif rule == "positive_or_auto":
-        ok = value == "auto" or _is_num(value) and value > 0
-        expect = "a positive number or 'auto'"
-    else:
-        ok = _is_num(value) and (
-            rule == "number" or value > 0 or (rule == "nonnegative" and value == 0)
+    """Validate one method parameter value; raise :class:`SpecError` naming the fix.
+
+    The core's methods are checked by the core (:func:`mmdtl2_dist.core.params.check_params`,
+    the same message as the estimators give), after the spec's spelling of ``None``.
+    """
+    if method in EXTRA_PARAMS:
+        specs = EXTRA_PARAMS[method]
+        if name not in specs:
+            raise _err(
+                where, f"method {method!r} has no parameter {name!r}; its parameters are "
+                f"{sorted(specs)}."
+            )  # fmt: skip
+        v = None if value == specs[name].none_word else value
+        if not specs[name].accepts(v):
+            raise _err(where, specs[name].refusal(name, value))
+        return
+    try:
+        check_params(method, core_params({name: value}))
+    except ValueError as e:
+        raise _err(where, str(e)) from None
+    if name == "prior" and value == "matrix":
+        raise _err(
+            where,
+            "prior = 'matrix' needs a map W0, which a study spec cannot give; use 'zero' or "
+            "'identity' (or the estimator MMDTL2(prior='matrix', W0=...)).",
         )
-        expect = {
-            "positive": "a positive number",
-            "nonnegative": "a number >= 0",
-            "number": "a number",
-        }[rule]
-    if not ok:
-        raise _err(where, f"parameter {name} must be {expect}, got {value!r}.")
 
 
 def _is_num(v: Any) -> bool:
@@ -469,6 +441,21 @@ def _gram_dir(base: Path | None, value: Any) -> Path | None:
     return folder
 
 
+def _gram_precision(raw: dict) -> str:
+    """``[gram] precision``: the precision of the study's Grams (default exact float64)."""
+    gram = _table(raw, "gram")
+    _check_keys("gram", gram, {"precision"})
+    precision = gram.get("precision", "float64")
+    if precision not in GRAM_PRECISIONS:
+        raise _err(
+            "gram",
+            f'precision must be one of {GRAM_PRECISIONS}, got {precision!r}: "float64" is '
+            'the exact Gram, "mixed" multiplies float32 features in float32 and sums in '
+            "float64 (faster, relative error about 1e-7 on nonnegative features).",
+        )
+    return precision
+
+
 def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = None) -> StudySpec:
     """Validate a spec given as a dict (the parsed TOML/YAML).
 
@@ -490,7 +477,9 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
     if not isinstance(raw, dict):
         raise SpecError("study spec: the file must hold a table/mapping at top level.")
     _check_keys(
-        "top level", raw, {"study", "data", "splits", "methods", "execution", "tracking", "report"}
+        "top level",
+        raw,
+        {"study", "data", "gram", "splits", "methods", "execution", "tracking", "report"},
     )
     base = path.parent if path is not None else None
     study = _table(raw, "study", required=True)
@@ -702,6 +691,7 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
         split_tasks=split_tasks,
         max_concurrent_trials=max_conc,
         gram_dir=gram_dir,
+        gram_precision=_gram_precision(raw),
         tracking_uri=tr.get("uri"),
         experiment=tr.get("experiment"),
         reference_source=rep.get("reference_source"),

@@ -27,6 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from mmdtl2_dist.core.methods import NEEDS_TEST_GRAM
 from mmdtl2_dist.study.baselines import skada_predict
 from mmdtl2_dist.study.plan import PairPlan, StudyPlan
 from mmdtl2_dist.study.plan import load_plan as read_plan
@@ -113,10 +114,6 @@ def _needed_rows(plan: StudyPlan, path: str) -> np.ndarray:
         if p.target_gram == path:
             rows.append(p.target_rows)
     return np.unique(np.concatenate(rows))
-
-
-#: Methods that need the test x test block (transductive steps).
-NEEDS_KQQ = ("mmdt_hoffman",)
 
 
 def unlabelled_pool(split: Split, labelled: np.ndarray, mode: str) -> np.ndarray:
@@ -233,7 +230,7 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
     method = trial["method"]
     t0 = time.perf_counter()
     blocks, rows = unit_blocks(
-        plan, pair, split, trial["n_per_class"], method in NEEDS_KQQ,
+        plan, pair, split, trial["n_per_class"], method in NEEDS_TEST_GRAM,
         trial.get("unlabelled", "non-test"),
     )  # fmt: skip
     t1 = time.perf_counter()

@@ -1,0 +1,447 @@
+"""``mmdtl2 extract``: images -> CNN features -> a feature store, on Ray.
+
+The job (:func:`extract`):
+
+1. reads the image table (:mod:`.inputs`), loads the model once in the driver for the
+   weights' identity and the feature widths, and checks the output path
+   (:func:`~mmdtl2_dist.store.outputs.claim_output`) before any work;
+2. splits each device's images into *shards* of consecutive images and keeps its work in
+   ``<store>.extracting/`` beside the store: ``job.json`` (what is being extracted),
+   ``images.parquet`` (the table) and one file per finished shard (:mod:`.shards`);
+3. runs the missing shards on Ray actors (:class:`~.shards.ShardWorker`: one per CPU,
+   one thread each; with ``gpus`` one per GPU), each loading the model once, with
+   progress lines (images done, images/s);
+4. writes the store from the shard files, one shard in memory at a time, atomically
+   (:class:`~mmdtl2_dist.store.feature_store.StoreWriter`), with the extraction's
+   provenance (model, layers, weights name and SHA-256, preprocessing, versions) in its
+   root attribute, then deletes the work folder.
+
+A job killed at any point is resumed by running the same command again: finished shards
+are kept (a shard file is written atomically), the others are computed. The work folder
+must describe the same images (paths, labels, sizes and modification times), model,
+weights and preprocessing; otherwise the run is refused with the differences, and
+``restart=True`` (``--restart``) discards the unfinished work. Two runs for the same
+store exclude each other (an advisory lock in the work folder).
+
+Results are deterministic on CPU: each worker runs torch with one thread and
+deterministic algorithms, and a shard's features are the same bits as a plain
+single-process loop over the same images gives.
+
+Unreadable images (missing, truncated, not an image) stop the job with the path and the
+reason, unless ``skip_bad``: then they are left out of the store and listed in its side
+file ``skipped_images.csv`` (path, device, reason) and counted in its provenance.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mmdtl2_dist.extract.inputs import ImageTable
+from mmdtl2_dist.extract.model import BadImageError, Extractor, ModelSpec, Preprocessing
+from mmdtl2_dist.extract.shards import read_shard, shard_file
+from mmdtl2_dist.progress import Progress, say
+from mmdtl2_dist.store.feature_store import FeatureStore, StoreWriter
+from mmdtl2_dist.store.layout import check_name
+from mmdtl2_dist.store.outputs import FEATURE_STORE, OutputKind, claim_output
+
+JOB_FORMAT = "mmdtl2-extract/1"
+JOB_FILE = "job.json"
+IMAGES_FILE = "images.parquet"
+SHARDS_DIR = "shards"
+WORK_SUFFIX = ".extracting"
+SKIPPED_FILE = "skipped_images.csv"
+#: A shard holds at most this many bytes of features (and at most MAX_SHARD_ROWS images).
+SHARD_BYTES = 64 << 20
+MAX_SHARD_ROWS = 1024
+#: What a shard's bits depend on: a resumed job must agree on all of them.
+_JOB_KEYS = ("images", "model", "layers", "weights_sha256", "preprocessing", "shard_rows")
+
+
+def _is_work_folder(path: Path) -> bool:
+    try:
+        return json.loads((path / JOB_FILE).read_text()).get("format") == JOB_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+EXTRACT_WORK = OutputKind(
+    "unfinished extraction", is_dir=True, recognise=_is_work_folder, replace_hint="--restart"
+)
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """How to run an extraction (see :func:`extract`)."""
+
+    batch_size: int = 32
+    shard_rows: int | None = None
+    skip_bad: bool = False
+    workers: int | None = None
+    gpus: int = 0
+    address: str | None = None
+    space: str | None = None
+    overwrite: bool = False
+    restart: bool = False
+    compression: str = "none"
+    progress: bool | None = None
+
+
+def work_folder(out: Path) -> Path:
+    """Where the unfinished work of the store ``out`` is kept."""
+    return out.with_name(out.name + WORK_SUFFIX)
+
+
+def choose_shard_rows(dims: dict, batch_size: int, given: int | None) -> int:
+    """Images per shard: whole batches, at most :data:`SHARD_BYTES` of features."""
+    if given is not None:
+        if given < 1:
+            raise ValueError(f"shard size must be positive, got {given}.")
+        return given
+    per_image = 4 * sum(dims.values())
+    rows = min(MAX_SHARD_ROWS, max(1, SHARD_BYTES // per_image))
+    return max(batch_size, rows // batch_size * batch_size)
+
+
+def space_names(spec: ModelSpec, space: str | None) -> dict[str, str]:
+    """The store's space name of each layer (the layer's name, or ``space`` for one layer)."""
+    if space is not None and len(spec.layers) != 1:
+        raise ValueError("--space renames a single layer; leave it out with several layers.")
+    names = {layer: space or layer for layer in spec.layers}
+    for name in names.values():
+        check_name("space", name)
+    return names
+
+
+def _job_spec(table: ImageTable, spec, ex: Extractor, pre: Preprocessing, shard_rows) -> dict:
+    return {
+        "format": JOB_FORMAT,
+        "images": table.digest(),
+        "model": spec.model,
+        "layers": list(spec.layers),
+        "weights": ex.identity.name,
+        "weights_sha256": ex.identity.sha256,
+        "preprocessing": pre.as_dict(),
+        "shard_rows": int(shard_rows),
+    }
+
+
+def _open_work(work: Path, job: dict, table: ImageTable, restart: bool) -> bool:
+    """Create the work folder, or check that the one there is this job's; True if resumed."""
+    if claim_output(work, EXTRACT_WORK, overwrite=None):
+        old = json.loads((work / JOB_FILE).read_text())
+        diff = sorted(k for k in _JOB_KEYS if old.get(k) != job[k])
+        if not diff:
+            return True
+        if not restart:
+            shown = {k: (old.get(k), job[k]) for k in diff if k != "images"}
+            said = "the images (paths, labels, sizes or modification times)" * ("images" in diff)
+            raise ValueError(
+                f"{work} holds an unfinished extraction of other inputs ({said}"
+                f"{'; ' if said and shown else ''}{shown or ''}: stored vs requested); run "
+                "the same command to resume it, or pass --restart to discard it and start anew."
+            )
+        shutil.rmtree(work / SHARDS_DIR, ignore_errors=True)
+    (work / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+    table.frame.to_parquet(work / IMAGES_FILE, index=False)
+    tmp = work / f".{JOB_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(job, indent=1))
+    os.replace(tmp, work / JOB_FILE)
+    return False
+
+
+def _lock(work: Path) -> int:
+    fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(
+            f"another `mmdtl2 extract` is writing this store (it holds {work / '.lock'}); "
+            "wait for it to finish, or choose another output path."
+        ) from None
+    return fd
+
+
+def _plan(table: ImageTable, shard_rows: int, folder: Path) -> list[dict]:
+    """Shards: consecutive images of one device, in device order."""
+    frame, shards = table.frame, []
+    for device in table.devices:
+        rows = table.rows_of(device)
+        for r0 in range(0, len(rows), shard_rows):
+            part = rows[r0 : r0 + shard_rows]
+            shards.append(
+                {
+                    "device": device,
+                    "rows": part.tolist(),
+                    "paths": frame["path"].to_numpy()[part].tolist(),
+                    "file": str(shard_file(folder, len(shards))),
+                }
+            )
+    return shards
+
+
+def _finished(shard: dict) -> bool:
+    """A shard file that exists and opens is finished (it was renamed into place whole)."""
+    path = Path(shard["file"])
+    if not path.exists():
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return "kept" in z.files
+    except Exception:  # noqa: BLE001 - a damaged file: redo the shard
+        path.unlink(missing_ok=True)
+        return False
+
+
+def _clear_temporaries(folder: Path) -> None:
+    """Delete half-written shard files of killed runs (this run holds the lock)."""
+    for p in folder.glob(".*.tmp-*"):
+        p.unlink(missing_ok=True)
+
+
+def _missing_files(table: ImageTable) -> list[str]:
+    return [p for p in table.frame["path"] if not os.path.isfile(p)]
+
+
+def _refuse_missing(missing: list[str]) -> None:
+    listed = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    raise ValueError(
+        f"{len(missing)} image(s) do not exist: {listed}; correct the paths (a manifest's "
+        "relative paths start at its folder), or pass --skip-bad to leave them out."
+    )
+
+
+def extract(
+    out: str | os.PathLike,
+    table: ImageTable,
+    spec: ModelSpec,
+    weights: str,
+    preprocessing: Preprocessing | None = None,
+    options: ExtractOptions | None = None,
+) -> FeatureStore:
+    """Extract features of ``table``'s images into a new feature store at ``out``.
+
+    Parameters
+    ----------
+    out : str or Path
+        Directory of the store (claimed as :class:`StoreWriter` does).
+    table : ImageTable
+        The images (:func:`~mmdtl2_dist.extract.inputs.read_images`).
+    spec : ModelSpec
+        Model and layers; each layer becomes a feature space.
+    weights : str
+        ``imagenet``, ``random:SEED`` or a state-dict path
+        (:func:`~mmdtl2_dist.extract.model.load_model`).
+    preprocessing : Preprocessing, optional
+        Default: resize 256, centre crop 224, ImageNet normalisation.
+    options : ExtractOptions, optional
+        Batch and shard sizes, workers, GPUs, Ray address, ``skip_bad``...
+
+    Returns
+    -------
+    FeatureStore
+        The new store; its ``last_run`` attribute says how many shards were computed and
+        how many resumed.
+    """
+    pre = preprocessing or Preprocessing()
+    opt = options or ExtractOptions()
+    out = Path(out).expanduser().absolute()
+    if opt.batch_size < 1:
+        raise ValueError(f"batch size must be positive, got {opt.batch_size}.")
+    spaces = space_names(spec, opt.space)
+    claim_output(out, FEATURE_STORE, overwrite=opt.overwrite)
+    missing = _missing_files(table)
+    if missing and not opt.skip_bad:
+        _refuse_missing(missing)
+    ex = Extractor(spec, weights, pre)  # fails early on a bad model, layer or weights file
+    if not ex.identity.meaningful:
+        say(opt.progress, f"extract: weights {ex.identity.name} are random: features mean nothing")
+    shard_rows = choose_shard_rows(ex.dims, opt.batch_size, opt.shard_rows)
+    job = _job_spec(table, spec, ex, pre, shard_rows)
+    work = work_folder(out)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    resumed = _open_work(work, job, table, opt.restart)
+    fd = _lock(work)
+    try:
+        _clear_temporaries(work / SHARDS_DIR)
+        shards = _plan(table, shard_rows, work / SHARDS_DIR)
+        todo = [s for s in shards if not _finished(s)]
+        if resumed:
+            say(
+                opt.progress,
+                f"extract: resuming {work}: {len(shards) - len(todo)} of "
+                f"{len(shards)} shards already done",
+            )
+        t0 = time.monotonic()
+        if todo:
+            _run_shards(todo, shards, spec, weights, pre, ex, opt)
+        fs = _write_store(out, table, shards, spaces, ex, pre, opt)
+    finally:
+        os.close(fd)
+    shutil.rmtree(work, ignore_errors=True)
+    fs.last_run = {
+        "shards": len(shards),
+        "computed": len(todo),
+        "resumed": len(shards) - len(todo),
+        "seconds": time.monotonic() - t0,
+    }
+    return fs
+
+
+def _workers(ray, opt: ExtractOptions, n_todo: int) -> tuple[int, dict, str]:
+    """How many actors, their resource options and their torch device."""
+    if opt.gpus:
+        have = int(ray.cluster_resources().get("GPU", 0))
+        if have < opt.gpus:
+            raise ValueError(
+                f"--gpus {opt.gpus} asks for {opt.gpus} GPU(s) but the Ray cluster has {have}; "
+                "leave --gpus out to run on CPU workers, or connect to a cluster with GPUs "
+                "(--address)."
+            )
+        return min(opt.gpus, n_todo), {"num_cpus": 1, "num_gpus": 1}, "cuda"
+    cpus = opt.workers or int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(cpus, n_todo)), {"num_cpus": 1}, "cpu"
+
+
+def _run_shards(todo, shards, spec, weights, pre, ex, opt: ExtractOptions) -> None:
+    from mmdtl2_dist.engine.driver import ensure_ray
+    from mmdtl2_dist.extract.shards import ShardWorker
+
+    ray, owned = ensure_ray(opt.address, opt.workers)
+    try:
+        n, resources, device = _workers(ray, opt, len(todo))
+        cls = ray.remote(ShardWorker).options(**resources)
+        actors = [
+            cls.remote(str(spec), weights, pre.as_dict(), ex.identity.sha256, device)
+            for _ in range(n)
+        ]
+        total = sum(len(s["rows"]) for s in shards)
+        before = total - sum(len(s["rows"]) for s in todo)
+        bar = Progress("extract", total, unit="images", done=before, enabled=opt.progress)
+        bar.say(
+            f"extract: {len(todo)} shard(s) of up to {len(todo[0]['rows'])} images on {n} "
+            f"{device.upper()} worker(s)"
+        )
+        _dispatch(ray, actors, todo, opt, bar, before)
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int) -> None:
+    """Give each idle actor the next shard until all are done; a task's error is raised."""
+    queue, idle, pending = list(todo), list(actors), {}
+    task = {"batch_size": opt.batch_size, "skip_bad": opt.skip_bad}
+    while queue or pending:
+        while queue and idle:
+            actor, shard = idle.pop(), queue.pop(0)
+            pending[actor.run.remote({**task, **shard})] = actor
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=2.0)
+        for ref in ready:
+            idle.append(pending.pop(ref))
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, BadImageError):
+                    raise ValueError(
+                        f"{cause}; replace or remove it, or pass --skip-bad to leave unreadable "
+                        "images out (finished shards are kept: the next run resumes)."
+                    ) from None
+                raise (cause if isinstance(cause, Exception) else exc) from None
+            done = bar.done + result["n"]
+            rate = (done - before) / max(bar.elapsed(), 1e-9)
+            bar.update(done, f"{rate:.1f} images/s")
+        if not ready:
+            bar.update(bar.done)
+
+
+def _bad_images(table: ImageTable, shards: list[dict]) -> pd.DataFrame:
+    rows, reasons = [], []
+    for s in shards:
+        rows += read_shard(s["file"], "bad_rows").tolist()
+        reasons += read_shard(s["file"], "bad_reasons").tolist()
+    frame = table.frame.iloc[rows][["path", "device"]].reset_index(drop=True)
+    return frame.assign(reason=reasons)
+
+
+def _write_store(out, table, shards, spaces, ex, pre, opt: ExtractOptions) -> FeatureStore:
+    bad = _bad_images(table, shards)
+    if len(bad) and not opt.skip_bad:  # shards kept from a run with --skip-bad
+        first = bad.iloc[0]
+        raise ValueError(
+            f"{len(bad)} image(s) cannot be read, e.g. {first.path} ({first.reason}); fix "
+            "them, or pass --skip-bad to leave them out."
+        )
+    frame = table.frame
+    with StoreWriter(out, overwrite=opt.overwrite, compression=opt.compression) as w:
+        for device in table.devices:
+            parts = [s for s in shards if s["device"] == device]
+            kept = np.concatenate([read_shard(s["file"], "kept") for s in parts])
+            if kept.size == 0:
+                raise ValueError(
+                    f"none of the {len(table.rows_of(device))} images of device {device!r} "
+                    f"can be read (e.g. {bad[bad.device == device].iloc[0].path}); fix them "
+                    "and run again with --restart."
+                )
+            for layer, space in spaces.items():
+                blocks = (read_shard(s["file"], f"f_{layer}") for s in parts)
+                aw = w.write_array(
+                    device,
+                    space,
+                    blocks,
+                    kept.size,
+                    ex.dims[layer],
+                    dtype=np.float32,
+                    source=f"{table.source} ({device})",
+                )
+                meta = frame.iloc[kept]
+                aw.set_metadata(
+                    label=meta["label"].to_numpy(np.int64),
+                    class_name=meta["class_name"].to_numpy(str),
+                    group=meta["group"].to_numpy(str),
+                    sample_id=meta["sample_id"].to_numpy(str),
+                )
+        w.provenance = {"extraction": provenance(table, ex, pre, spaces, len(bad))}
+        if len(bad):
+            w.add_file(SKIPPED_FILE, bad.to_csv(index=False).encode())
+    if len(bad):
+        say(
+            opt.progress,
+            f"extract: skipped {len(bad)} unreadable image(s), listed in {out / SKIPPED_FILE}",
+        )
+    return FeatureStore.open(out)
+
+
+def provenance(table: ImageTable, ex: Extractor, pre: Preprocessing, spaces, n_bad) -> dict:
+    """What a store's features were extracted from and with."""
+    import torch
+    import torchvision
+
+    return {
+        "model": ex.spec.model,
+        "layers": {
+            layer: {"node": ex.spec.node(layer), "space": space, "n_features": ex.dims[layer]}
+            for layer, space in spaces.items()
+        },
+        "weights": {
+            "name": ex.identity.name,
+            "sha256": ex.identity.sha256,
+            "meaningful": ex.identity.meaningful,
+        },
+        "preprocessing": pre.as_dict(),
+        "images": table.source,
+        "n_images": len(table.frame),
+        "n_skipped": int(n_bad),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+    }

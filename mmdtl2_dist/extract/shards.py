@@ -1,0 +1,127 @@
+"""One shard of an extraction job: consecutive images of one device -> one ``.npz`` file.
+
+:func:`run_shard` decodes the shard's images one batch at a time, runs the extractor and
+writes the features of every layer, the rows it kept and the images it could not read to
+``<index>.npz`` in the job's shard folder. The file is written under a hidden temporary
+name and renamed when complete, so a shard file that exists is a finished shard: a job
+killed at any moment keeps its finished shards and redoes only the others.
+:class:`ShardWorker` is the Ray actor around it (one model load per worker).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from mmdtl2_dist.extract.model import BadImageError, Extractor, ModelSpec, Preprocessing
+
+
+def shard_file(folder: Path, index: int) -> Path:
+    return Path(folder) / f"{index:06d}.npz"
+
+
+def write_npz_atomic(path: Path, arrays: dict) -> None:
+    """``np.savez`` under a temporary sibling, then renamed into place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_shard(path: Path, key: str) -> np.ndarray:
+    """One array of a shard file: ``kept``, ``bad_rows``, ``bad_reasons`` or ``f_<layer>``."""
+    with np.load(path, allow_pickle=False) as z:
+        return z[key]
+
+
+def run_shard(extractor: Extractor, task: dict) -> dict:
+    """Extract one shard (see the module docstring) and write its file.
+
+    ``task``: ``paths`` and ``rows`` (table rows) of the images, ``file``, ``batch_size``,
+    ``skip_bad``. An unreadable image raises :class:`BadImageError` unless ``skip_bad``.
+    Returns a summary: ``file``, ``n``, ``kept``, ``bad`` and ``seconds``.
+    """
+    from mmdtl2_dist.extract.model import decode_image
+
+    t0 = time.perf_counter()
+    paths, rows = list(task["paths"]), np.asarray(task["rows"], dtype=np.int64)
+    layers = extractor.spec.layers
+    out = {layer: np.empty((len(paths), extractor.dims[layer]), np.float32) for layer in layers}
+    kept, bad, reasons = [], [], []
+    for b0 in range(0, len(paths), int(task["batch_size"])):
+        images, where = [], []
+        for k in range(b0, min(b0 + int(task["batch_size"]), len(paths))):
+            try:
+                images.append(decode_image(paths[k]))
+                where.append(k)
+            except BadImageError as exc:
+                if not task["skip_bad"]:
+                    raise
+                bad.append(int(rows[k]))
+                reasons.append(exc.reason)
+        if images:
+            feats = extractor.features(images)
+            n0 = len(kept)
+            for layer in layers:
+                out[layer][n0 : n0 + len(images)] = feats[layer]
+            kept += [int(rows[k]) for k in where]
+    arrays = {f"f_{layer}": out[layer][: len(kept)] for layer in layers}
+    arrays.update(
+        kept=np.asarray(kept, np.int64),
+        bad_rows=np.asarray(bad, np.int64),
+        bad_reasons=np.asarray(reasons, dtype=str),
+    )
+    write_npz_atomic(Path(task["file"]), arrays)
+    return {
+        "file": task["file"],
+        "n": len(paths),
+        "kept": len(kept),
+        "bad": len(bad),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def deterministic_torch(device: str) -> None:
+    """One thread per CPU worker and deterministic kernels: the same bits as a plain loop."""
+    import torch
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.backends.cudnn.benchmark = False
+
+
+class ShardWorker:
+    """A Ray actor holding one extractor (loaded once) that runs shard after shard.
+
+    ``sha256`` is the driver's weights identity: a worker that loads other weights (a
+    different file at the same path on its node, another cached download) refuses to
+    start instead of writing features of other weights.
+    """
+
+    def __init__(self, spec: str, weights: str, preprocessing: dict, sha256: str, device: str):
+        deterministic_torch(device)
+        self.extractor = Extractor(
+            ModelSpec.parse(spec), weights, Preprocessing.from_dict(preprocessing), device
+        )
+        got = self.extractor.identity.sha256
+        if got != sha256:
+            import socket
+
+            raise ValueError(
+                f"the weights {weights!r} on {socket.gethostname()} have SHA-256 {got[:16]}..., "
+                f"the driver's {sha256[:16]}...; give every node the same weights file."
+            )
+
+    def run(self, task: dict) -> dict:
+        return run_shard(self.extractor, task)

@@ -1,0 +1,237 @@
+"""`mmdtl2 extract`: images -> CNN features -> feature store, on a real local Ray.
+
+Weights are seeded random initialisations (no network here); the reference is a plain
+single-process torch loop written independently of the product (torchvision's AlexNet
+``features`` Sequential and the standard ImageNet transform).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from mmdtl2_dist.cli import main  # noqa: E402
+from mmdtl2_dist.extract.inputs import read_images  # noqa: E402
+from mmdtl2_dist.extract.job import ExtractOptions, extract, work_folder  # noqa: E402
+from mmdtl2_dist.extract.model import Extractor, ModelSpec, Preprocessing  # noqa: E402
+from mmdtl2_dist.extract.synthetic import ImageSetSpec, make_image_set  # noqa: E402
+from mmdtl2_dist.store.feature_store import FeatureStore  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+#: AlexNet's ``features`` Sequential: conv3 is the output of its 8th module (ReLU after
+#: the third convolution), conv5 of its 12th.
+CUT = {"conv3": 8, "conv5": 12}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("img") / "images"
+    make_image_set(folder, ImageSetSpec(n_source=3, n_target=2, n_classes=2, size=40))
+    return folder
+
+
+def plain_torch_features(paths, layer: str, seed: int = 0) -> np.ndarray:
+    """The reference: one process, one thread, one image at a time."""
+    from PIL import Image
+    from torchvision import models
+    from torchvision import transforms as T
+
+    torch.set_num_threads(1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = models.alexnet(weights=None).eval()
+    cut = net.features[: CUT[layer]]
+    tf = T.Compose(
+        [
+            T.Resize(256),
+            T.CenterCrop(224),
+            T.ToTensor(),
+            T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
+    rows = []
+    with torch.no_grad():
+        for p in paths:
+            x = tf(Image.open(p).convert("RGB"))[None]
+            rows.append(cut(x).reshape(1, -1).numpy())
+    return np.concatenate(rows)
+
+
+def store_paths(fs: FeatureStore, device: str, images_root: Path) -> list[Path]:
+    meta = fs.metadata
+    ids = meta[(meta.device == device) & (meta.space == fs.spaces[0])].sort_values("row")
+    return [images_root / s for s in ids["sample_id"]]
+
+
+def test_alexnet_conv3_conv5_widths_on_224():
+    ex = Extractor(ModelSpec.parse("alexnet:conv3,conv5"), "random:0", Preprocessing())
+    assert ex.dims == {"conv3": 64896, "conv5": 43264}
+    from PIL import Image
+
+    feats = ex.features([Image.new("RGB", (300, 260), (90, 20, 200))] * 2)
+    assert feats["conv3"].shape == (2, 64896) and feats["conv3"].dtype == np.float32
+    assert feats["conv5"].shape == (2, 43264)
+
+
+def test_resnet_avgpool_and_unknown_layer():
+    ex = Extractor(ModelSpec.parse("resnet18:avgpool"), "random:1", Preprocessing(64, 56))
+    assert ex.dims == {"avgpool": 512}
+    with pytest.raises(ValueError, match="alexnet has no layer 'conv9'; use one of"):
+        Extractor(ModelSpec.parse("alexnet:conv9"), "random:0", Preprocessing())
+
+
+def test_weights_file_identity_and_bad_file(tmp_path):
+    from torchvision import models
+
+    torch.manual_seed(3)
+    path = tmp_path / "alexnet.pt"
+    torch.save(models.alexnet(weights=None).state_dict(), path)
+    a = Extractor(ModelSpec.parse("alexnet:conv5"), str(path), Preprocessing())
+    assert a.identity.name == "file:alexnet.pt" and a.identity.meaningful
+    b = Extractor(ModelSpec.parse("alexnet:conv5"), "random:3", Preprocessing())
+    assert a.identity.sha256 == b.identity.sha256 and not b.identity.meaningful
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="cannot read it as a state dict of tensors"):
+        Extractor(ModelSpec.parse("alexnet:conv5"), str(junk), Preprocessing())
+
+
+@pytest.mark.ray
+def test_ray_extraction_equals_plain_torch_loop_bit_for_bit(ray_local, images, tmp_path):
+    out = tmp_path / "s.zarr"
+    opts = ExtractOptions(batch_size=2, shard_rows=3, workers=2, progress=False)
+    fs = extract(
+        out, read_images(images), ModelSpec.parse("alexnet:conv3,conv5"), "random:0", options=opts
+    )
+    assert fs.devices == ["scope_a", "scope_b"] and fs.spaces == ["conv3", "conv5"]
+    assert fs.shape("scope_a", "conv3") == (6, 64896)
+    assert fs.shape("scope_b", "conv5") == (4, 43264)
+    for device in fs.devices:
+        paths = store_paths(fs, device, images)
+        for layer in ("conv3", "conv5"):
+            got = fs.read(device, layer)
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, plain_torch_features(paths, layer))
+    meta = fs.metadata[fs.metadata.space == "conv3"]
+    assert sorted(set(meta.class_name)) == ["class0", "class1"]
+    assert (meta.label.to_numpy() == [int(c[-1]) for c in meta.class_name]).all()
+    prov = fs.provenance["extraction"]
+    assert prov["weights"]["name"] == "random:0" and not prov["weights"]["meaningful"]
+    assert len(prov["weights"]["sha256"]) == 64
+    assert prov["preprocessing"]["resize"] == 256 and prov["preprocessing"]["crop"] == 224
+    assert prov["layers"]["conv3"] == {"node": "features.7", "space": "conv3", "n_features": 64896}
+    assert not work_folder(out).exists()
+    assert fs.last_run["computed"] == 4 and fs.last_run["resumed"] == 0
+
+
+def _cli(*args) -> list[str]:
+    return [sys.executable, "-m", "mmdtl2_dist.cli", "extract", *map(str, args)]
+
+
+@pytest.mark.ray
+def test_resume_after_sigkill_of_a_real_extract(images, tmp_path):
+    out = tmp_path / "k.zarr"
+    cmd = _cli(images, out, "--model", "alexnet:conv3", "--weights", "random:0")
+    cmd += ["--shard-size", "1", "--batch-size", "1", "--workers", "1", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    shards = work_folder(out) / "shards"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(list(shards.glob("*.npz"))) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    done = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.npz")}
+    assert len(done) >= 3 and not out.exists()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert f"{10 - len(done)} computed, {len(done)} resumed" in res.stdout
+    fs = FeatureStore.open(out)
+    for device in fs.devices:
+        paths = store_paths(fs, device, images)
+        np.testing.assert_array_equal(
+            fs.read(device, "conv3"), plain_torch_features(paths, "conv3")
+        )
+    assert not work_folder(out).exists()
+
+
+def _manifest_with_bad_image(images: Path, tmp_path: Path) -> Path:
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"truncated")
+    table = read_images(images).frame
+    rows = table[["path", "device", "label", "group"]].copy()
+    rows = pd.concat(
+        [rows, pd.DataFrame([{"path": str(bad), "device": "scope_b", "label": "", "group": "v1"}])]
+    )
+    manifest = tmp_path / "manifest.csv"
+    rows.to_csv(manifest, index=False)
+    return manifest
+
+
+@pytest.mark.ray
+def test_bad_image_fails_naming_it_then_skip_bad_lists_it(ray_local, images, tmp_path, capsys):
+    manifest = _manifest_with_bad_image(images, tmp_path)
+    out = tmp_path / "b.zarr"
+    args = [
+        "extract",
+        str(manifest),
+        str(out),
+        "--weights",
+        "random:0",
+        "--model",
+        "alexnet:conv5",
+        "--shard-size",
+        "4",
+        "--batch-size",
+        "2",
+        "--no-progress",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read the image {tmp_path / 'broken.png'}: " in err
+    assert not out.exists()
+    assert main([*args, "--skip-bad"]) == 0
+    computed, resumed = re.search(
+        r"(\d+) computed, (\d+) resumed", capsys.readouterr().out
+    ).groups()
+    assert int(computed) + int(resumed) == 4 and int(computed) >= 1
+    fs = FeatureStore.open(out)
+    assert fs.shape("scope_b", "conv5") == (4, 43264)
+    skipped = pd.read_csv(out / "skipped_images.csv")
+    assert skipped.path.tolist() == [str(tmp_path / "broken.png")]
+    assert skipped.reason[0] and f"broken.png: {skipped.reason[0]}; replace or remove it" in err
+    assert fs.provenance["extraction"]["n_skipped"] == 1
+    assert set(fs.metadata.group[fs.metadata.device == "scope_b"]) == {""}
+
+
+def test_missing_image_fails_fast_naming_it(images, tmp_path, capsys):
+    manifest = tmp_path / "m.csv"
+    pd.DataFrame({"path": ["nope.png"], "device": ["a"], "label": [0]}).to_csv(manifest)
+    assert main(["extract", str(manifest), str(tmp_path / "o.zarr"), "--weights", "random:0"]) == 2
+    err = capsys.readouterr().err
+    assert f"1 image(s) do not exist: {tmp_path / 'nope.png'}" in err and "--skip-bad" in err
+    assert not (tmp_path / "o.zarr").exists() and not work_folder(tmp_path / "o.zarr").exists()
+
+
+def test_unknown_weights_file_and_random_seed_are_refused(images, tmp_path, capsys):
+    out = str(tmp_path / "o.zarr")
+    assert main(["extract", str(images), out, "--weights", str(tmp_path / "w.pt")]) == 2
+    assert "no such file; give imagenet, random:SEED or the path" in capsys.readouterr().err
+    assert main(["extract", str(images), out, "--weights", "random:x"]) == 2
+    assert "write random:SEED with an integer SEED" in capsys.readouterr().err
