@@ -185,3 +185,16 @@ def test_mlflow_models_serve_answers_one_image_with_a_class(walked, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_feature_commands_refuse_the_image_model_saying_what_to_use(walked, tmp_path, capsys):
+    root, uri = walked
+    _, X = _device_images(root, "scope_b")
+    np.save(tmp_path / "X.npy", X)
+    model = "models:/img@champion"
+    assert main(["predict", "--model", model, str(tmp_path / "X.npy"), "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert "takes images (registered with --with-extractor)" in err and "mlflow models serve" in err
+    assert main(["serve", "--model", model, "--tracking-uri", uri, "-p", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"serve it with `mlflow models serve -m {model} --env-manager local`" in err
