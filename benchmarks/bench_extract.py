@@ -4,6 +4,7 @@ One run, on the same machine and cores:
 
 - *plain loop*: one process, one torch thread, batches of ``--batch-size``: decode with
   Pillow, the ImageNet transform, AlexNet cut at the layer, float32 out (no Ray, no store);
+  run before and after the extract runs, since the load of a shared machine moves;
 - *extract*: :func:`mmdtl2_dist.extract.job.extract` with ``--workers`` 1, then with every
   core (``--max-workers``), on a local Ray: the whole call (Ray start, model loads, shards,
   the store), and the rate inside the shards (images / worker-seconds x workers);
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             r = run_extract(images, work / "s.zarr", spec, pre, workers, args.batch_size)
             res["extract"].append(r)
             print(f"extract: {json.dumps(r)}", flush=True)
+        # the load moves: the plain loop again, after (compare with the mean of both)
+        res["plain_loop_after_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size)
+        print(f"plain loop again: {res['plain_loop_after_images_per_s']:.1f} images/s", flush=True)
         if args.memory_images:
             res["memory"] = memory_runs(work, [args.memory_images // 10, args.memory_images],
                                         args.max_workers)  # fmt: skip

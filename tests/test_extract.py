@@ -280,3 +280,33 @@ def test_device_name_that_cannot_be_stored_fails_before_work(tmp_path, capsys):
     assert main(["extract", str(manifest), str(tmp_path / "o.zarr"), "--weights", "random:0"]) == 2
     assert "device name 'cam a/1' is not allowed" in capsys.readouterr().err
     assert not work_folder(tmp_path / "o.zarr").exists()
+
+
+def test_manifest_groups_class_names_and_unlabelled_rows(tmp_path):
+    (tmp_path / "v").mkdir()
+    rows = [
+        ("v/f1.png", "old", "polyp", "video1"),
+        ("v/f2.png", "old", "normal", "video1"),
+        ("v/f3.png", "new", "", "video2"),
+        (str(tmp_path / "v" / "f4.png"), "new", "polyp", "video3"),
+    ]
+    frame = pd.DataFrame(rows, columns=["path", "device", "label", "group"])
+    frame.to_parquet(tmp_path / "m.parquet")
+    t = read_images(tmp_path / "m.parquet").frame
+    assert t.device.tolist() == ["new", "new", "old", "old"]  # grouped by device, order kept
+    assert t.path.tolist() == [
+        str(tmp_path / "v" / f) for f in ("f3.png", "f4.png", "f1.png", "f2.png")
+    ]
+    assert t.label.tolist() == [-1, 1, 1, 0] and t.class_name.tolist() == [
+        "",
+        "polyp",
+        "polyp",
+        "normal",
+    ]
+    assert t.group.tolist() == ["video2", "video3", "video1", "video1"]
+    assert t.sample_id.tolist()[2] == "v/f1.png"
+    pd.DataFrame({"file": ["a.png"]}).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(
+        ValueError, match=r"the manifest lacks the column\(s\) \['path', 'device'\]"
+    ):
+        read_images(tmp_path / "bad.csv")
