@@ -14,13 +14,11 @@ SVM-steps of the initial SVM (no warm start), of alternation 1 and of the last, 
 class whose product solve took longest. Every QP is solved cold, and warm from the
 product's own warm start where the fit had one and the solver takes one:
 
-- ``product``: the product's default chain on the scaled problem (W-step
-  ``solve_scaled_box_qp(solver="pdas")``: the active-set method and its fallbacks; SVM-step
-  ``solve_scaled_box_qp(solver="dcd")``: coordinate descent with that chain behind it);
-- ``solve_box_qp`` (W-step only): what the fit calls, the same chain behind the front end
+- ``product``: the product's solver on the scaled problem
+  (``solve_scaled_box_qp(solver="dcd")``: coordinate descent with OSQP behind it);
+- ``solve_box_qp`` (W-step only): what the fit calls, the same behind the front end
   that checks, symmetrises and scales the unscaled Hessian (the SVM-step assembles its
   scaled Hessian itself and has no such front end);
-- ``pdas``: the primal-dual active-set stage alone (no fallback);
 - ``dcd``: coordinate descent with polishing alone (no fallback);
 - DAQP, ProxQP and PIQP (dense back-ends), quadprog, HiGHS, Clarabel and OSQP through
   ``qpsolvers``, at tolerances chosen to reach the product's target (``SETTINGS``).
@@ -77,7 +75,7 @@ from mmdtl2_dist.core.dcd import dcd_box_qp  # noqa: E402
 HERE = Path(__file__).resolve().parent
 TARGET = 1e-8  # the product's qp_tol (MMDTL2Params)
 QPSOLVERS = ("daqp", "proxqp", "quadprog", "piqp", "highs", "clarabel", "osqp")
-OURS = ("solve_box_qp", "product", "pdas", "dcd")  # always run, never skipped
+OURS = ("solve_box_qp", "product", "dcd")  # always run, never skipped
 VARIANTS = (*OURS, *QPSOLVERS)
 WARM = {*OURS, "daqp", "proxqp", "osqp"}  # take a warm start
 SPARSE = {"highs", "clarabel", "osqp"}  # take the Hessian as a sparse matrix
@@ -251,23 +249,14 @@ def select(fit: list[CapturedQP]) -> list[CapturedQP]:
 
 
 def _product(q: CapturedQP, y0):
-    solver = "pdas" if q.kind == "wstep" else "dcd"
-    return qp.solve_scaled_box_qp(q.H, q.f, q.lb, q.ub, solver=solver, tol=TARGET, y0=y0).x
+    return qp.solve_scaled_box_qp(q.H, q.f, q.lb, q.ub, solver="dcd", tol=TARGET, y0=y0).x
 
 
 def _solve_box_qp(q: CapturedQP, y0):
     """The W-step's front end: checks, symmetrises and scales the unscaled ``H``, then the chain."""
     H, f, lb, ub, x0 = q.raw
-    res = qp.solve_box_qp(H, f, lb, ub, solver="pdas", tol=TARGET, x0=None if y0 is None else x0)
+    res = qp.solve_box_qp(H, f, lb, ub, solver="dcd", tol=TARGET, x0=None if y0 is None else x0)
     return res.x / q.d
-
-
-def _pdas(q: CapturedQP, y0):
-    for rho_rel in (1e-6, 1e-3):  # the two proximal weights of the product's pdas stage
-        y, _, ok = qp._pdas(q.H, q.f, q.lb, q.ub, y0, TARGET, 100, rho_rel)
-        if ok:
-            return y
-    raise RuntimeError("pdas: active sets cycled or the budget ran out")
 
 
 def _dcd(q: CapturedQP, y0):
@@ -288,7 +277,7 @@ def _qpsolvers(name: str):
     return run
 
 
-SOLVE = {"solve_box_qp": _solve_box_qp, "product": _product, "pdas": _pdas, "dcd": _dcd}
+SOLVE = {"solve_box_qp": _solve_box_qp, "product": _product, "dcd": _dcd}
 SOLVE.update({name: _qpsolvers(name) for name in QPSOLVERS})
 
 

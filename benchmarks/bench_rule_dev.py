@@ -36,10 +36,11 @@ fraction of the spectrum does not carry the best dimension from one feature type
 other, while ``2C``-``4C`` was best or near it on all three feature types.
 
 Writes ``benchmarks/results/rule_<set>.json`` (the records); ``--rules`` writes the
-per-budget summary of every rule to ``rule_<set>_rules.md``; ``--frozen`` runs only the
-fits of the frozen rule (:data:`FROZEN`, specified in BENCHMARKS.md, "Selection rule,
-frozen 2026-11-26 on dev data") into ``rule_<set>_frozen.json`` and its per-shift tables,
-picks and cost into ``rule_<set>_frozen.md``.
+per-budget summary of every rule to ``rule_<set>_rules.md``; ``--frozen`` runs the frozen
+rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data") as the product
+runs it (``select="auto"``, :func:`mmdtl2_dist.core.auto.fit_predict_auto`) into
+``rule_<set>_frozen.json`` and its per-shift tables, picks and cost into
+``rule_<set>_frozen.md``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from bench_priors_dev import DATASETS, prior_maps, shift_grams
 from bench_selection import SEEDS
 from threadpoolctl import threadpool_limits
 
+from mmdtl2_dist.core.auto import ALTERNATIVES, DEFAULT, NO_FOLDS, fit_predict_auto
+from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.priors import SamplePool
 from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, cv_folds, sub_problem
@@ -300,11 +303,13 @@ def explore_rules() -> dict:
     return rules
 
 
-# The rule frozen on dev (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data").
+# The rule frozen on dev (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data"),
+# in the product as ``mmdtl2_dist.core.auto``; here its candidates' labels, to score the
+# rule on the records of ``collect`` (``--rules``) without a fit.
 FROZEN = {
-    "no_folds": "shared PCA d=2C",
-    "default": "shared PCA d=4C λ=0.5",
-    "alternatives": ("λ=0", "identity λ=1"),
+    "no_folds": CANDIDATES_AUTO[NO_FOLDS].label,
+    "default": CANDIDATES_AUTO[DEFAULT].label,
+    "alternatives": tuple(CANDIDATES_AUTO[a].label for a in ALTERNATIVES),
     "signal": "cv_hinge",
     "z": 1.0,
 }
@@ -320,44 +325,27 @@ def frozen_pick(rec) -> tuple[str, int]:
 
 
 def collect_frozen(job, data_dir, seed):
-    """The frozen rule on one split with only the fits it needs (the reference SVMs
-    aside), its pick, its cost in fits and its wall time against one fit of the pick."""
+    """The frozen rule on one split, run by the product (``core/auto.py``,
+    :func:`~mmdtl2_dist.core.auto.fit_predict_auto`): its pick, its cost in fits and its
+    wall time against one fit of the pick, beside the reference SVMs."""
     dataset, source, target, k, n_lab = job
-    Ks, Kt, Kst, ys_all, yt_all, bases = shift_grams(dataset, source, target, data_dir)
+    Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
     src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
     pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
-    spec = {c[0]: c for c in CANDIDATES}
     base = pool.problem(ys_all[src], yt_all[lab])
     yq = yt_all[test]
-    rec = {"ref": {}, "acc": {}, "cv_hit": {}, "cv_hinge": {}}
+    rec = {"ref": {}, "acc": {}}
     for m in ("source_svm", "target_svm"):
         rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
     t0 = time.perf_counter()
-    folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
-    names = [FROZEN["default"], *FROZEN["alternatives"]] if folds else [FROZEN["no_folds"]]
-    keys = {(spec[c][2], spec[c][3] * N_CLASSES) for c in names if spec[c][2] is not None}
-    maps = prior_maps(pool, bases, keys)
-    probs = {
-        c: base if spec[c][2] is None
-        else pool.problem(base.ys, base.yt, maps[spec[c][2], spec[c][3] * N_CLASSES].blocks(pool))
-        for c in names
-    }  # fmt: skip
-    all_idx = np.arange(len(base.yt))
-    for c in names if folds else []:
-        hits, hinge = [], []
-        for held in folds:
-            r = fit_predict(
-                "mmdtl2", spec[c][1], sub_problem(probs[c], np.setdiff1d(all_idx, held), held)
-            )
-            hits += (r.y_pred == base.yt[held]).astype(int).tolist()
-            hinge += _multiclass_hinge(r.scores, r.classes, base.yt[held]).tolist()
-        rec["cv_hit"][c], rec["cv_hinge"][c] = hits, hinge
-    pick, cost = frozen_pick(rec)
-    t1 = time.perf_counter()
-    res = fit_predict("mmdtl2", spec[pick][1], probs[pick])
+    res, choice = fit_predict_auto(pool, base.ys, base.yt)
     t2 = time.perf_counter()
+    pick = CANDIDATES_AUTO[choice.pick].label
     rec["acc"][pick] = float(np.mean(res.y_pred == yq))
-    rec.update(pick=pick, cost=cost, select_s=t2 - t0, final_fit_s=t2 - t1)
+    rec.update(
+        pick=pick, cost=res.info["n_fits"], select_s=t2 - t0,
+        final_fit_s=res.info["time_total_s"], auto=choice.record(),
+    )  # fmt: skip
     return rec
 
 

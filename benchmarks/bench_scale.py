@@ -571,11 +571,11 @@ def wstep_problem(K: int, M: int, *, L: int = 800, per_class_source: int = 20, s
     from mmdtl2_dist.core.mmdtl2 import (
         MMDTL2Params,
         fit_mmdtl2_gram,
-        one_vs_rest,
         similarity_weights,
         transfer_operators,
         wstep_dual,
     )
+    from mmdtl2_dist.core.svm import one_vs_rest
 
     N = per_class_source * K
     Xs, ys, Xt, yt, _, _ = scale_data(L, N, M, K, seed, **OVERLAPPING)
@@ -627,7 +627,7 @@ def task_wstep(K: int, M: int, solvers: list, tol: float = 1e-8, seed: int = 0) 
 
 def wstep_table(recs: list) -> str:
     solvers = list(dict.fromkeys(s for r in recs for s in r["solvers"]))
-    head = ["K·M (K × M)"] + [f"{s}: time, KKT" for s in solvers] + ["osqp / pdas"]
+    head = ["K·M (K × M)"] + [f"{s}: time, KKT" for s in solvers] + ["osqp / dcd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in recs:
         row = [f"{r['KM']:,} ({r['K']} × {r['M']})"]
@@ -635,7 +635,7 @@ def wstep_table(recs: list) -> str:
             v = r["solvers"].get(s)
             row.append(f"{_fmt_t(v['time_s'])}, {v['kkt_scaled']:.0e}" if v else "not run")
         sv = r["solvers"]
-        ratio = sv["osqp"]["time_s"] / sv["pdas"]["time_s"] if {"osqp", "pdas"} <= set(sv) else 0
+        ratio = sv["osqp"]["time_s"] / sv["dcd"]["time_s"] if {"osqp", "dcd"} <= set(sv) else 0
         row.append(f"{ratio:.1f}×" if ratio else "")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -645,8 +645,7 @@ def wstep(preset: dict, *, threads: int = 1, tol: float = 1e-8, log=_print) -> l
     """W-step QP solvers on problems of growing K·M (see module)."""
     recs = []
     for K, M in preset["wstep_sizes"]:
-        solvers = ["pdas"] + (["osqp"] if K * M <= preset.get("osqp_max_km", 10**9) else [])
-        solvers += ["dcd"]
+        solvers = ["dcd"] + (["osqp"] if K * M <= preset.get("osqp_max_km", 10**9) else [])
         rec = run_isolated(
             "wstep", {"K": K, "M": M, "solvers": solvers, "tol": tol}, threads=threads
         )
@@ -694,13 +693,13 @@ def svm_objective(V, y, cost, theta, b) -> float:
 
 
 def task_svm(N: int, M: int, L: int, K: int = 2, seed: int = 0) -> dict:
-    """One-vs-rest SVM-step: ours (pdas, osqp) vs liblinear vs libsvm (see module)."""
+    """One-vs-rest SVM-step: ours (dcd, osqp) vs liblinear vs libsvm (see module)."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.svm import SVC, LinearSVC
 
-    from mmdtl2_dist.core.mmdtl2 import one_vs_rest, svm_step
+    from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 
     V, y, cost = svm_problem(N, M, L, K, seed)
     Y = one_vs_rest(y, K)
@@ -746,7 +745,7 @@ def task_svm(N: int, M: int, L: int, K: int = 2, seed: int = 0) -> dict:
         return time.perf_counter() - t0, t_gram, sols
 
     runs = {
-        "ours (pdas)": lambda: ours("pdas"),
+        "ours (dcd)": lambda: ours("dcd"),
         "ours (osqp)": lambda: ours("osqp"),
         "liblinear tol 1e-4": lambda: liblinear(1e-4),
         "liblinear tol 1e-6": lambda: liblinear(1e-6),

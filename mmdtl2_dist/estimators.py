@@ -9,13 +9,15 @@ Two ways:
    ``sample_domain < 0`` (keyword only, as in skada's adapters). This needs one feature
    dimension for both devices. The methods adapt **one** source domain to **one** target
    domain: several positive (or several negative) ids are refused, naming the ids
-   found. A target row labelled ``-1`` — skada's mark for an unlabelled target sample,
-   which skada's pipelines put on every target row unless ``mask_target_labels=False`` —
-   is refused: only labelled target samples are used, and ``-1`` is not read as a
-   class.
+   found. A target row labelled ``-1`` is skada's mark for an unlabelled target sample
+   (skada's pipelines put it on every target row unless ``mask_target_labels=False``):
+   :class:`MMDTL2` takes such rows as unlabelled target samples (``Xt_unlabelled``
+   below); the other methods cannot use them and refuse them, naming the fix. ``-1`` is
+   never read as a class there.
 2. ``fit_domains(Xs, ys, Xt, yt)`` — separate labelled arrays, so the source and target
    feature dimensions may differ (conv3 64,896-d source, conv5 43,264-d target). Every
-   label is a class here, ``-1`` included.
+   label is a class here, ``-1`` included. :class:`MMDTL2` also takes
+   ``Xt_unlabelled``, target samples without labels.
 
 Without ``sample_domain``, ``fit(X, y)`` of an adaptation method (:class:`MMDTL2`,
 :class:`MMDT`, :class:`MMDTHoffman`) is refused with a message showing both calls:
@@ -32,7 +34,8 @@ The ``sample_domain`` of every method is requested for scikit-learn's metadata r
 default, as skada's estimators request it, so skada pipelines pass it on.
 
 Preprocessing (``preprocessing=``) is fitted per device on the samples given to ``fit``
-(source rows and target rows separately) and frozen; see
+(source rows and target rows separately; the target statistics over the labelled and the
+unlabelled target samples) and frozen; see
 :mod:`mmdtl2_dist.core.preprocessing` for why per-device statistics are used. The
 preprocessed features of each device must have squared norms that float64 can hold beside
 the bias constant 1 (:func:`~mmdtl2_dist.core.preprocessing.check_scale`); ``"l2"`` and
@@ -45,24 +48,60 @@ run with one BLAS/OpenMP thread (:mod:`mmdtl2_dist.core.threads`).
 from __future__ import annotations
 
 import warnings
+from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from mmdtl2_dist.core.adapter import AdapterState, check_features
+from mmdtl2_dist.core.auto import LowRankMap
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.methods import GramProblem, default_params
-from mmdtl2_dist.core.mmdtl2 import (
-    MMDTL2Params,
-    check_weights,
-    fit_mmdtl2_gram,
-    hinge_weights_named,
-)
-from mmdtl2_dist.core.preprocessing import check_scale, fit_preprocessing
+from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram, hinge_weights_named
+from mmdtl2_dist.core.params import DEFAULTS, Param, check_params, method_params
+from mmdtl2_dist.core.preprocessing import PREPROCESSING, check_scale, fit_preprocessing
 from mmdtl2_dist.core.threads import one_thread
 
 MAX_EXPLICIT_W = 50_000_000  # entries of an explicit W (400 MB of doubles)
+# The core's defaults, the estimators' __init__ defaults (mmdtl2_dist.core.params).
+_SOURCE_SVM, _TARGET_SVM, _MMDT = DEFAULTS["source_svm"], DEFAULTS["target_svm"], DEFAULTS["mmdt"]
+_MMDTL2, _HOFFMAN = DEFAULTS["mmdtl2"], DEFAULTS["mmdt_hoffman"]
+#: scikit-learn constraints of the estimator parameters that are not method parameters.
+_ESTIMATOR_CONSTRAINTS = {
+    "preprocessing": [StrOptions(set(PREPROCESSING))],
+    "W0": ["array-like", None],
+    "select": [str, list, None],
+    "allow_target_only_classes": ["boolean"],
+}
+
+
+def _sklearn_constraint(param: Param) -> list:
+    """scikit-learn's ``_parameter_constraints`` entry for a core :class:`Param`."""
+    if param.kind == "choice":
+        bools = all(isinstance(c, bool) for c in param.choices)
+        out = ["boolean"] if bools else [StrOptions(set(param.choices))]
+    else:
+        low = None if param.low == -np.inf else param.low
+        high = None if param.high == np.inf else param.high
+        left = low is not None and not param.low_open
+        right = high is not None and not param.high_open
+        closed = {(True, True): "both", (True, False): "left", (False, True): "right"}
+        kind = Integral if param.kind == "int" else Real
+        out = [Interval(kind, low, high, closed=closed.get((left, right), "neither"))]
+    return out + ([None] if param.none_word is not None else [])
+
+
+def parameter_constraints(method: str, names: list[str]) -> dict[str, list]:
+    """``_parameter_constraints`` of an estimator of ``method`` with parameters ``names``.
+
+    Derived from :mod:`mmdtl2_dist.core.params`, the one description of the method's
+    parameters, so scikit-learn's tools see the ranges the core checks.
+    """
+    specs = method_params(method)
+    return {n: _sklearn_constraint(specs[n]) if n in specs else _ESTIMATOR_CONSTRAINTS[n]
+            for n in names}  # fmt: skip
 
 
 def _check_labels(y, n: int, name: str) -> np.ndarray:
@@ -181,22 +220,29 @@ def domain_masks(sample_domain, n: int, owner: str) -> tuple[np.ndarray, np.ndar
     return sd > 0, sd < 0
 
 
-def _refuse_unlabelled_targets(y: np.ndarray, target: np.ndarray) -> None:
-    """Refuse target rows labelled ``-1``: skada's mark for an unlabelled target sample.
+def unlabelled_target_rows(y: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Mask of the target rows labelled ``-1``, skada's mark for an unlabelled sample.
 
-    The estimators learn from labelled target samples only; reading ``-1`` as a class
-    would silently train on unknown labels (a skada pipeline masks every target label
-    with ``-1`` unless told not to).
+    Numeric labels only: a string label is always a class.
     """
     if _label_kind(y, "y") != "number":
-        return
-    rows = np.flatnonzero(target & (y == -1))
+        return np.zeros_like(target)
+    return target & (y == -1)
+
+
+def _refuse_unlabelled_targets(unlabelled: np.ndarray, owner: str) -> None:
+    """Refuse target rows labelled ``-1`` for a method that cannot use unlabelled samples.
+
+    Reading ``-1`` as a class would silently train on unknown labels (a skada pipeline
+    masks every target label with ``-1`` unless told not to).
+    """
+    rows = np.flatnonzero(unlabelled)
     if rows.size:
         shown = ", ".join(map(str, rows[:10])) + (" ..." if rows.size > 10 else "")
         raise ValueError(
             f"{rows.size} target row(s) (sample_domain < 0) are labelled -1, skada's mark "
-            f"for an unlabelled target sample (rows {shown}); these estimators learn from "
-            "labelled target samples only and do not use unlabelled ones. Drop those rows "
+            f"for an unlabelled target sample (rows {shown}); {owner} learns from labelled "
+            "target samples only (MMDTL2 accepts unlabelled ones). Drop those rows "
             "(keep = ~((sample_domain < 0) & (y == -1))); in a skada pipeline, keep the "
             "target labels: make_da_pipeline(..., mask_target_labels=False). If -1 is a "
             "real class, relabel it, or pass the arrays to fit_domains(Xs, ys, Xt, yt), "
@@ -204,18 +250,28 @@ def _refuse_unlabelled_targets(y: np.ndarray, target: np.ndarray) -> None:
         )
 
 
-def split_domains(X, y, sample_domain, owner: str = "the model"):
-    """``(Xs, ys, Xt, yt)`` from skada's inputs: one ``X``, one ``y``, one ``sample_domain``.
+def split_domains(X, y, sample_domain, owner: str = "the model", *, unlabelled: bool = False):
+    """``(Xs, ys, Xt, yt, Xu)`` from skada's ``X``, ``y`` and ``sample_domain``.
 
     Rows with ``sample_domain > 0`` are source samples, rows with ``sample_domain < 0``
-    labelled target samples (:func:`domain_masks`); a target row labelled ``-1`` is
-    refused (:func:`_refuse_unlabelled_targets`).
+    target samples (:func:`domain_masks`): the labelled ones in ``Xt``, ``yt``, those
+    labelled ``-1`` (skada's unlabelled mark) in ``Xu`` if ``unlabelled``, else refused
+    (:func:`_refuse_unlabelled_targets`).
     """
     X = check_features(X, None)
     y = _check_labels(y, X.shape[0], "y")
     src, tgt = domain_masks(sample_domain, X.shape[0], owner)
-    _refuse_unlabelled_targets(y, tgt)
-    return X[src], y[src], X[tgt], y[tgt]
+    unl = unlabelled_target_rows(y, tgt)
+    if not unlabelled:
+        _refuse_unlabelled_targets(unl, owner)
+    lab = tgt & ~unl
+    if unl.any() and not lab.any():
+        raise ValueError(
+            f"every target row (sample_domain < 0) is labelled -1 (unlabelled, {int(unl.sum())} "
+            f"rows); {owner} needs at least one labelled target sample. In a skada pipeline "
+            "keep the target labels: make_da_pipeline(..., mask_target_labels=False)."
+        )
+    return X[src], y[src], X[lab], y[lab], X[unl]
 
 
 class _AdaptationBase(ClassifierMixin, BaseEstimator):
@@ -234,6 +290,13 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
 
     _needs_source = True
     _needs_target = True
+    _uses_unlabelled = False  # accepts unlabelled target samples (fit_domains' Xt_unlabelled)
+    _method = ""  # the core method (mmdtl2_dist.core.params.DEFAULTS) of a concrete class
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls._method:
+            cls._parameter_constraints = parameter_constraints(cls._method, cls._get_param_names())
 
     @one_thread
     def fit(self, X, y, *, sample_domain=None):
@@ -246,7 +309,11 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         """
         if sample_domain is None:
             return self._fit_one_domain(X, y)
-        return self.fit_domains(*split_domains(X, y, sample_domain, type(self).__name__))
+        name = type(self).__name__
+        *parts, Xu = split_domains(X, y, sample_domain, name, unlabelled=self._uses_unlabelled)
+        if self._uses_unlabelled:
+            return self.fit_domains(*parts, Xt_unlabelled=Xu)
+        return self.fit_domains(*parts)
 
     def _fit_one_domain(self, X, y):
         """``fit`` without ``sample_domain``: refused, naming both ways to give the domains."""
@@ -258,8 +325,14 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
             f"or pass the two domains separately: {name}().fit_domains(Xs, ys, Xt, yt)."
         )
 
+    def _check_params(self) -> None:
+        """Check the method parameters with the core's rules (:mod:`mmdtl2_dist.core.params`)."""
+        names = DEFAULTS[self._method]
+        check_params(self._method, {k: v for k, v in self.get_params(deep=False).items()
+                                    if k in names})  # fmt: skip
+
     def _validate_domains(self, Xs, ys, Xt, yt):
-        check_weights(self.get_params(deep=False))
+        self._check_params()
         if self._needs_source:
             if Xs is None or _n_rows(Xs) == 0:
                 raise ValueError(
@@ -295,15 +368,17 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
                 )
         return Xs, ys, Xt, yt, classes
 
-    def _fit_preprocessing(self, Xs, Xt):
+    def _fit_preprocessing(self, Xs, Xt, Xu=None):
         """Fit each device's preprocessing; return the preprocessed ``Xs``, ``Xt`` (or None).
 
-        Both are checked for a scale float64 can fit on
+        The target device's statistics are over all its given samples, the labelled ``Xt``
+        and the unlabelled ``Xu``. Both outputs are checked for a scale float64 can fit on
         (:func:`~mmdtl2_dist.core.preprocessing.check_scale`).
         """
         method = getattr(self, "preprocessing", "none")
+        Xt_all = Xt if Xu is None or len(Xu) == 0 else np.vstack([Xt, Xu])
         self.source_preprocessing_ = None if Xs is None else fit_preprocessing(Xs, method)
-        self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt, method)
+        self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt_all, method)
         after = f"after preprocessing={method!r}"
         return (
             _preprocessed(Xs, self.source_preprocessing_, f"Xs (source features {after})"),
@@ -384,8 +459,10 @@ class TargetSVM(_LinearSVMBase):
     """
 
     _needs_source = False
+    _method = "target_svm"
 
-    def __init__(self, c_t=1.0, preprocessing="none", qp_solver="pdas", qp_tol=1e-8):
+    def __init__(self, c_t=_TARGET_SVM["c_t"], preprocessing="none",
+                 qp_solver=_TARGET_SVM["qp_solver"], qp_tol=_TARGET_SVM["qp_tol"]):  # fmt: skip
         self.c_t = c_t
         self.preprocessing = preprocessing
         self.qp_solver = qp_solver
@@ -417,8 +494,10 @@ class SourceSVM(_LinearSVMBase):
     """
 
     _needs_target = False
+    _method = "source_svm"
 
-    def __init__(self, c_s=1.0, c_t=1.0, preprocessing="none", qp_solver="pdas", qp_tol=1e-8):
+    def __init__(self, c_s=_SOURCE_SVM["c_s"], c_t=_SOURCE_SVM["c_t"], preprocessing="none",
+                 qp_solver=_SOURCE_SVM["qp_solver"], qp_tol=_SOURCE_SVM["qp_tol"]):  # fmt: skip
         self.c_s = c_s
         self.c_t = c_t
         self.preprocessing = preprocessing
@@ -461,6 +540,9 @@ class SourceSVM(_LinearSVMBase):
 class MMDTL2(TransformerMixin, _AdaptationBase):
     """Max-margin domain transfer with L2 constraints (Tamaki et al.), on Gram matrices.
 
+    Unlabelled target samples are accepted (``Xt_unlabelled`` of :meth:`fit_domains`, or
+    target rows labelled ``-1`` in :meth:`fit`).
+
     Learns one-vs-rest linear SVMs in the source space jointly with a transform ``W``
     from the target space (kernelised: linear, RBF or polynomial) into the source space,
     by alternating the W-step dual and the SVM-step (see :mod:`mmdtl2_dist.core.mmdtl2`).
@@ -492,7 +574,13 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     init : {"source", "source+prior"}
         Initial SVM on the source only (paper) or on source and prior-mapped targets.
     select : str, list of dict or None
-        If given, candidate parameter sets, or the name of a grid of
+        ``"auto"``: the selection rule frozen on development data
+        (:mod:`mmdtl2_dist.core.auto`, version ``AUTO_RULE``): it chooses ``prior``,
+        ``prior_weight`` and ``c_f`` (the estimator's values of those, and ``W0``, are not
+        used) among a shared-PCA prior learned from the source samples and every target
+        sample given (labelled and unlabelled), the zero prior and the identity prior;
+        one feature space for both devices. Otherwise, if given, candidate parameter
+        sets, or the name of a grid of
         :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the prior's
         mixing weight 0, 0.25, …, 1, of the identity, or of ``W0`` with
         ``prior="matrix"``; the other parameters stay the estimator's). With fewer than 2
@@ -519,27 +607,35 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         QP statuses and KKT residuals, timings.
     selection_ : list of dict or None
         CV table when ``select`` was given; ``selected_params_`` the chosen set.
+    auto_ : dict or None
+        With ``select="auto"``: the rule's version, pick, pool size and table
+        (:meth:`mmdtl2_dist.core.auto.AutoChoice.record`).
+    n_unlabelled_target_ : int
+        Unlabelled target samples given to ``fit``.
     """
+
+    _uses_unlabelled = True
+    _method = "mmdtl2"
 
     def __init__(
         self,
-        c_f=0.1,
-        c_d=0.1,
-        c_t=0.1,
-        c_s=0.1,
-        kernel="linear",
-        gamma=None,
-        degree=2,
-        coef0=1.0,
-        prior="zero",
-        prior_weight=1.0,
+        c_f=_MMDTL2["c_f"],
+        c_d=_MMDTL2["c_d"],
+        c_t=_MMDTL2["c_t"],
+        c_s=_MMDTL2["c_s"],
+        kernel=_MMDTL2["kernel"],
+        gamma=_MMDTL2["gamma"],
+        degree=_MMDTL2["degree"],
+        coef0=_MMDTL2["coef0"],
+        prior=_MMDTL2["prior"],
+        prior_weight=_MMDTL2["prior_weight"],
         W0=None,
         preprocessing="none",
-        max_iter=20,
-        tol=1e-5,
-        qp_solver="pdas",
-        qp_tol=1e-8,
-        init="source",
+        max_iter=_MMDTL2["max_iter"],
+        tol=_MMDTL2["tol"],
+        qp_solver=_MMDTL2["qp_solver"],
+        qp_tol=_MMDTL2["qp_tol"],
+        init=_MMDTL2["init"],
         select=None,
         allow_target_only_classes=False,
     ):
@@ -564,24 +660,50 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.allow_target_only_classes = allow_target_only_classes
 
     @one_thread
-    def fit_domains(self, Xs, ys, Xt, yt):
-        """Fit on source ``(Xs, ys)`` and labelled target ``(Xt, yt)`` samples.
+    def fit_domains(self, Xs, ys, Xt, yt, Xt_unlabelled=None):
+        """Fit on source, labelled target and (optionally) unlabelled target samples.
 
-        The feature dimensions of ``Xs`` and ``Xt`` may differ (except for the identity prior).
+        ``(Xs, ys)`` source and ``(Xt, yt)`` labelled target samples. The unlabelled
+        ``Xt_unlabelled`` enter the target device's preprocessing statistics and, with
+        ``select="auto"``, the shared-PCA prior's pool. The feature dimensions of ``Xs``
+        and ``Xt`` may differ (except for the identity prior and ``select="auto"``).
         """
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
+        Xu = None
+        if Xt_unlabelled is not None and _n_rows(Xt_unlabelled) > 0:
+            Xu = check_features(Xt_unlabelled, Xt.shape[1], "Xt_unlabelled", type(self).__name__)
         self.classes_ = classes
-        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt)
+        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt, Xu)
+        Xu_p = _preprocessed(Xu, self.target_preprocessing_, "Xt_unlabelled (preprocessed)")
         self.n_features_in_ = Xt.shape[1]
         self.n_source_features_ = Xs.shape[1]
-        self.selection_ = None
+        self.n_unlabelled_target_ = 0 if Xu is None else Xu.shape[0]
+        self.selection_ = self.auto_ = None
         params = self.get_params(deep=False)
-        if self.select:
+        if self.select == "auto":
+            params = self._select_auto(Xs_p, ys, Xt_p, yt, Xu_p, params)
+        elif self.select:
             params = self._select(Xs_p, ys, Xt_p, yt, params)
         self._fit_chosen(
             Xs_p, np.searchsorted(classes, ys), Xt_p, np.searchsorted(classes, yt), params
         )
         return self
+
+    def _select_auto(self, Xs, ys, Xt, yt, Xu, base):
+        """The frozen rule (:mod:`mmdtl2_dist.core.auto`) on the preprocessed features."""
+        from mmdtl2_dist.core.auto import RULE_KEYS, select_auto_features
+
+        if base["W0"] is not None:
+            raise ValueError(
+                "select='auto' chooses the prior itself and does not use W0; drop W0, or "
+                "fit the map W0 with select=None and prior='matrix'."
+            )
+        keys = set(default_params("mmdtl2")) - set(RULE_KEYS)
+        choice, W0 = select_auto_features(Xs, ys, Xt, yt, Xu, {k: base[k] for k in keys})
+        self.auto_ = choice.record()
+        self.selection_ = choice.table
+        self.selected_params_ = {**self.auto_["params"], "pca_dim": choice.pca_dim}
+        return {**base, **choice.params, "W0": W0}
 
     def _select(self, Xs, ys, Xt, yt, base):
         from mmdtl2_dist.core.selection import NAMED_GRIDS, select_by_cv
@@ -659,9 +781,10 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     def _prior_map(self, p, Ls, Lt):
         """The prior as ``(A, w)`` with ``W0 x̂ = A x + w``, or None for the zero prior.
 
-        ``A`` is the scalar ``μ`` for the identity prior, so that no ``Ls × Ls`` matrix is
-        formed (34 GB at 64,896-d), and the (Ls, Lt) matrix ``μ M`` of a user map
-        ``[M | w]`` (``w`` scaled by ``μ`` too).
+        ``A`` is the scalar ``μ`` for the identity prior and the factors of ``μ P Pᵀ``
+        (:class:`~mmdtl2_dist.core.auto.LowRankMap`) for ``select="auto"``'s shared-PCA
+        prior, so that no ``Ls × Ls`` matrix is formed (34 GB at 64,896-d), and the
+        (Ls, Lt) matrix ``μ M`` of a user map ``[M | w]`` (``w`` scaled by ``μ`` too).
         """
         if p["prior"] == "zero":
             return None
@@ -672,6 +795,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                     f"{Lt}; use prior='matrix' with a W0 of shape ({Ls}, {Lt})."
                 )
             return float(p["prior_weight"]), np.zeros(Ls)
+        if isinstance(p["W0"], LowRankMap):  # select="auto"'s shared-PCA prior P Pᵀ
+            return p["prior_weight"] * p["W0"], np.zeros(Ls)
         W0h = self._prior_matrix(p, Ls, Lt)
         return W0h[:, :-1], W0h[:, -1]
 
@@ -740,7 +865,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             if np.isscalar(A):
                 W[np.arange(Ls), np.arange(Lt)] += A
             else:
-                W[:, :Lt] += A
+                W[:, :Lt] += A.dense() if isinstance(A, LowRankMap) else A
             W[:, Lt] += w
         return W
 
@@ -771,15 +896,17 @@ class MMDT(TransformerMixin, _AdaptationBase):
         As :class:`MMDTL2` (``tol`` on the relative change of ``W``).
     """
 
+    _method = "mmdt"
+
     def __init__(
         self,
-        c_t=1.0,
-        c_s=0.05,
+        c_t=_MMDT["c_t"],
+        c_s=_MMDT["c_s"],
         preprocessing="none",
-        max_iter=20,
-        tol=1e-5,
-        qp_solver="pdas",
-        qp_tol=1e-8,
+        max_iter=_MMDT["max_iter"],
+        tol=_MMDT["tol"],
+        qp_solver=_MMDT["qp_solver"],
+        qp_tol=_MMDT["qp_tol"],
     ):
         self.c_t = c_t
         self.c_s = c_s
@@ -840,8 +967,11 @@ class MMDTHoffman(_AdaptationBase):
     space. See :mod:`mmdtl2_dist.core.mmdt_hoffman` for the algorithm and ``faithful``.
     """
 
-    def __init__(self, c_s=0.05, c_t=1.0, gamma=1e-4, n_iter=2, pca_dim=20, faithful=True,
-                 preprocessing="none"):  # fmt: skip
+    _method = "mmdt_hoffman"
+
+    def __init__(self, c_s=_HOFFMAN["c_s"], c_t=_HOFFMAN["c_t"], gamma=_HOFFMAN["gamma"],
+                 n_iter=_HOFFMAN["n_iter"], pca_dim=_HOFFMAN["pca_dim"],
+                 faithful=_HOFFMAN["faithful"], preprocessing="none"):  # fmt: skip
         self.c_s = c_s
         self.c_t = c_t
         self.gamma = gamma

@@ -20,13 +20,13 @@ from mmdtl2_dist.core.kernels import KernelSpec, kernel_from_gram
 from mmdtl2_dist.core.mmdtl2 import (
     MMDTL2Params,
     fit_mmdtl2_gram,
-    one_vs_rest,
     similarity_weights,
     solve_wstep,
     transfer_operators,
 )
 from mmdtl2_dist.core.qp import QPSolveError, solve_box_qp
 from mmdtl2_dist.core.reference import augment, fit_mmdtl2_features, wstep_primal
+from mmdtl2_dist.core.svm import one_vs_rest
 
 
 def _problem(seed, K, N, M, Ls, Lt):
@@ -54,7 +54,7 @@ def test_box_qp_solvers_agree_and_meet_kkt(n, rank):
     H = A @ A.T
     f = rng.standard_normal(n) * 2
     ub = rng.uniform(0.1, 2.0, n)
-    a = solve_box_qp(H, f, 0.0, ub, solver="pdas", tol=1e-9)
+    a = solve_box_qp(H, f, 0.0, ub, solver="dcd", tol=1e-9)
     b = solve_box_qp(H, f, 0.0, ub, solver="osqp", tol=1e-7)
     assert a.kkt_residual <= 1e-9
     assert np.all(a.x >= 0) and np.all(a.x <= ub)
@@ -291,8 +291,8 @@ def test_svm_step_singular_gram_equals_primal():
     (coordinate descent + polish) == the primal SVM solved by an interior-point method on
     the features. θ and b are unique even though α is not; the interior point stops at a
     relative gap of 1e-10, so 1e-6 relative on θ leaves two orders of magnitude."""
-    from mmdtl2_dist.core.mmdtl2 import svm_step
     from mmdtl2_dist.core.reference import svm_primal
+    from mmdtl2_dist.core.svm import svm_step
 
     rng = np.random.default_rng(21)
     n, L, K = 300, 6, 3

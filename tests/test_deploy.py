@@ -75,27 +75,29 @@ ACCURACY = {
 }
 
 
-def make_store(path: Path, n=(60, 45), seed=0) -> Path:
+def make_store(path: Path, n=(60, 45), seed=0, unlabelled=0) -> Path:
+    """Two devices; the last ``unlabelled`` samples of the target device are labelled -1."""
     rng = np.random.default_rng(seed)
     mu = rng.normal(size=(3, DIM)) * 0.8
     with StoreWriter(path, overwrite=True) as w:
         for d, (dev, m) in enumerate(zip(("cam_a", "cam_b"), n, strict=True)):
             y = np.arange(m) % 3 + 1
             X = mu[y - 1] + rng.normal(size=(m, DIM)) + d * rng.normal(size=DIM)
+            if d == 1 and unlabelled:
+                y[-unlabelled:] = -1
             a = w.create_array(dev, "f", m, DIM, dtype=np.float64)
             a.append(X)
             ids = [f"{dev}/{i}" for i in range(m)]
-            a.set_metadata(
-                label=y, class_name=[CLASS_NAMES[k - 1] for k in y], group=ids, sample_id=ids
-            )
+            names = [CLASS_NAMES[k - 1] if k > 0 else "" for k in y]
+            a.set_metadata(label=y, class_name=names, group=ids, sample_id=ids)
     return path
 
 
-def record_study(folder: Path, tracking_uri: str | None = None) -> Path:
+def record_study(folder: Path, tracking_uri: str | None = None, unlabelled: int = 0) -> Path:
     """A study folder as `mmdtl2 study run` leaves it, with the ACCURACY results (logged
     to ``tracking_uri`` when given, else to the study's own SQLite store)."""
     folder.mkdir(parents=True, exist_ok=True)
-    store = make_store(folder / "store.zarr")
+    store = make_store(folder / "store.zarr", unlabelled=unlabelled)
     tracking = f'[tracking]\nuri = "{tracking_uri}"\n' if tracking_uri else ""
     (folder / "spec.toml").write_text(SPEC + tracking)
     spec = load_spec(folder / "spec.toml", output=folder / "out")
@@ -145,7 +147,7 @@ def reference_estimator(study_out: Path, c_d: float = 1.0) -> MMDTL2:
 
 
 def test_register_best_trial_and_predict_exactly(study, tmp_path, capsys):
-    rc = main(["register", str(study), "--name", "tiny-adapter", "--quiet"])
+    rc = main(["register", str(study), "--name", "tiny-adapter", "--metric", "accuracy", "--quiet"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "version 1" in out and "models:/tiny-adapter@champion" in out
@@ -189,7 +191,7 @@ def test_register_best_trial_and_predict_exactly(study, tmp_path, capsys):
 def test_model_layout_is_self_contained(study):
     import mlflow
 
-    main(["register", str(study), "--name", "layout", "--quiet"])
+    main(["register", str(study), "--name", "layout", "--metric", "accuracy", "--quiet"])
     client = MlflowClient(tracking_uri=uri_of(study), registry_uri=uri_of(study))
     mv = client.get_model_version_by_alias("layout", "champion")
     with use_tracking_uri(uri_of(study)):
@@ -250,6 +252,37 @@ def test_register_twice_moves_alias_only(fresh_study):
     pd.testing.assert_frame_equal(p1, p2)
 
 
+def test_register_default_is_the_auto_rule_with_the_unlabelled_targets(tmp_path):
+    """Without --method/--metric/--label: MMDTL2(select="auto"), fitted with the target
+    device's unlabelled samples (label -1 in the store), its rule and pool recorded."""
+    import mlflow
+
+    from mmdtl2_dist.core.auto import AUTO_RULE
+
+    study = record_study(tmp_path / "s", unlabelled=6)
+    assert main(["register", str(study), "--name", "auto", "--quiet"]) == 0
+    uri = uri_of(study)
+    mv = MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version("auto", "1")
+    tags = mv.tags
+    assert tags["selected_by"] == f"recommended configuration (select='auto', rule {AUTO_RULE})"
+    assert tags["auto_rule"] == AUTO_RULE and tags["select_grid"] == "auto"
+    assert tags["auto_pool_size"] == str(60 + 45) and tags["n_unlabelled_target"] == "6"
+    assert tags["n_train_target"] == "39" and json.loads(tags["auto_choice"])["pick"] in "DTS"
+    assert AUTO_RULE in mv.description and "6 unlabelled target samples" in mv.description
+    fs = FeatureStore.open(study.parent / "store.zarr")
+    Xt = fs.read("cam_b", "f")
+    est = MMDTL2(select="auto", preprocessing="l2_zscore").fit_domains(
+        fs.read("cam_a", "f"), np.arange(60) % 3 + 1, Xt[:39], np.arange(39) % 3 + 1,
+        Xt_unlabelled=Xt[39:],
+    )  # fmt: skip
+    assert json.loads(tags["auto_choice"])["pick"] == est.auto_["pick"]
+    X = target_samples(study)
+    with use_tracking_uri(uri):
+        pred = mlflow.pyfunc.load_model("models:/auto@champion").predict(X)
+    scores = pred[[f"score_{c}" for c in CLASS_NAMES]].to_numpy()
+    np.testing.assert_allclose(scores, est.decision_function(X), rtol=1e-12, atol=1e-12)
+
+
 def test_register_explicit_params_with_study_accuracy_and_w(fresh_study):
     uri = uri_of(fresh_study)
     rc = main(
@@ -294,6 +327,8 @@ def test_register_configuration_not_in_study(fresh_study):
         (["--method", "mmdtl2", "--param", "c_q=1"], "no parameter 'c_q'"),
         (["--method", "mmdtl2", "--param", "c_d=-1"], "c_d must be"),
         (["--param", "c_d=1"], "need --method"),
+        (["--method", "mmdt", "--select", "auto"], "--select auto is a rule for --method mmdtl2"),
+        (["--method", "mmdtl2", "--select", "auto", "--param", "c_f=1"], "drop --param c_f"),
         (["--alias", "latest"], "reserved"),
     ],
 )
@@ -326,7 +361,7 @@ def test_fit_adapter_uses_study_preprocessing_and_space(study):
 
 @pytest.fixture(scope="module")
 def registered(study):
-    assert main(["register", str(study), "--name", "io", "--quiet"]) == 0
+    assert main(["register", str(study), "--name", "io", "--metric", "accuracy", "--quiet"]) == 0
     return study
 
 
@@ -578,7 +613,7 @@ def test_register_after_real_study(tmp_path):
     out = tmp_path / "out"
     assert main(["study", "run", str(tmp_path / "spec.toml"), "--output", str(out),
                  "--num-cpus", "2", "--quiet"]) == 0  # fmt: skip
-    assert main(["register", str(out), "--name", "real", "--quiet"]) == 0
+    assert main(["register", str(out), "--name", "real", "--metric", "accuracy", "--quiet"]) == 0
     uri = uri_of(out)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     mv = client.get_model_version_by_alias("real", "champion")

@@ -138,18 +138,48 @@ def test_several_source_or_target_domains_are_refused_by_id(Est):
         est.predict(Xq, sample_domain=np.r_[-1, -2, -np.ones(len(Xq) - 2, dtype=int)])
 
 
-@pytest.mark.parametrize("Est", [MMDTL2, MMDT, MMDTHoffman, SourceSVM, TargetSVM])
+@pytest.mark.parametrize("Est", [MMDT, MMDTHoffman, SourceSVM, TargetSVM])
 def test_unlabelled_target_rows_are_refused_not_read_as_class_minus_one(Est):
-    """skada marks an unlabelled target sample with y = -1; it is not a class here."""
+    """skada marks an unlabelled target sample with y = -1; it is not a class here, and
+    the methods other than MMDTL2 cannot use unlabelled samples."""
     X, y, sd, _ = skada_inputs(4)
     y = y.copy()
     y[np.flatnonzero(sd < 0)[[0, 4]]] = -1
     with pytest.raises(ValueError, match=r"2 target row\(s\) .* are labelled -1") as e:
         Est().fit(X, y, sample_domain=sd)
     assert "skada's mark for an unlabelled target sample" in str(e.value)
+    assert f"{Est.__name__} learns from labelled target samples only" in str(e.value)
+    assert "MMDTL2 accepts unlabelled ones" in str(e.value)
     assert "keep = ~((sample_domain < 0) & (y == -1))" in str(e.value)
     keep = ~((sd < 0) & (y == -1))  # the named fix
     assert -1 not in Est().fit(X[keep], y[keep], sample_domain=sd[keep]).classes_
+
+
+def test_mmdtl2_takes_unlabelled_target_rows_as_fit_domains_xt_unlabelled():
+    """y = -1 on a target row (skada's mark) == the row passed as Xt_unlabelled."""
+    X, y, sd, Xq = skada_inputs(4)
+    y = y.copy()
+    unl = np.flatnonzero(sd < 0)[[0, 4]]
+    y[unl] = -1
+    a = MMDTL2(preprocessing="zscore").fit(X, y, sample_domain=sd)
+    lab = (sd < 0) & (y != -1)
+    b = MMDTL2(preprocessing="zscore").fit_domains(
+        X[sd > 0], y[sd > 0], X[lab], y[lab], Xt_unlabelled=X[unl]
+    )
+    assert -1 not in a.classes_ and a.n_unlabelled_target_ == 2
+    np.testing.assert_array_equal(a.decision_function(Xq), b.decision_function(Xq))
+
+
+def test_target_statistics_are_over_labelled_and_unlabelled_samples():
+    """The README: preprocessing statistics are per device, over all its given samples."""
+    from mmdtl2_dist.core.preprocessing import fit_preprocessing
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(7)
+    est = MMDTL2(preprocessing="l2_zscore").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xq)
+    device = fit_preprocessing(np.vstack([Xt, Xq]), "l2_zscore")
+    np.testing.assert_allclose(est.target_preprocessing_.transform(Xq), device.transform(Xq))
+    with pytest.raises(ValueError, match="Xt_unlabelled"):
+        MMDTL2().fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xq[:, :3])
 
 
 def test_sample_domain_values_are_checked():

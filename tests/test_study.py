@@ -301,36 +301,17 @@ def test_units_call_the_core_with_cv_and_test_gram(tmp_path, ray_local):
     assert u["accuracy"] == pytest.approx(float(np.mean(direct.y_pred == blocks.yq)))
 
 
-def test_spec_params_are_the_cores():
-    from mmdtl2_dist.core.methods import DEFAULTS
-    from mmdtl2_dist.study.spec import CORE_METHODS, core_params, param_rules
-
-    assert set(CORE_METHODS) == set(DEFAULTS)
-    for m in CORE_METHODS:
-        assert set(param_rules(m)) == set(DEFAULTS[m])
-    with pytest.raises(SpecError, match="no parameter 'kernel'"):
-        parse_spec(_raw(methods=[{"method": "mmdt", "params": {"kernel": "rbf"}}]))
-    with pytest.raises(SpecError, match="qp_solver must be one of"):
-        parse_spec(_raw(methods=[{"method": "mmdt", "params": {"qp_solver": "cvx"}}]))
-    with pytest.raises(SpecError, match='pca_dim must be a positive integer or "none"'):
-        parse_spec(_raw(methods=[{"method": "mmdt_hoffman", "params": {"pca_dim": 0}}]))
-    assert core_params({"gamma": "auto", "pca_dim": "none", "c_f": 1.0}) == {
-        "gamma": None,
-        "pca_dim": None,
-        "c_f": 1.0,
-    }
-
-
 def test_bundled_specs_use_core_parameter_names():
     """Every method and parameter name in studies/*.toml is one the core (or skada) takes."""
     from pathlib import Path
 
-    from mmdtl2_dist.core.methods import DEFAULTS
+    from mmdtl2_dist.core.params import DEFAULTS
     from mmdtl2_dist.study.spec import EXTRA_PARAMS
 
     for p in sorted(Path(__file__).resolve().parents[1].glob("studies/*.toml")):
         for m in load_spec(p).methods:
-            names = set(m.params) | set(m.grid) | set(m.select)
+            selected = set(m.select) if isinstance(m.select, dict) else set()  # or "auto"
+            names = set(m.params) | set(m.grid) | selected
             allowed = DEFAULTS.get(m.method) or EXTRA_PARAMS[m.method]
             assert names <= set(allowed), (p.name, m.label, names - set(allowed))
 
@@ -749,3 +730,71 @@ def test_run_fails_on_bad_data_before_an_executor_starts(
         err = capsys.readouterr().err
         assert re.search(match, err), err
         assert not out.exists()  # nothing written: the fixed spec can run in the same folder
+
+
+@pytest.mark.parametrize(
+    ("method", "match"),
+    [
+        ({"method": "target_svm", "select": "auto"}, 'rule for method "mmdtl2"'),
+        ({"method": "mmdtl2", "select": "auto", "params": {"c_f": 1.0}}, r"remove \['c_f'\]"),
+        ({"method": "mmdtl2", "select": "auto", "unlabelled": "test"}, "unlabelled must be one"),
+    ],
+)
+def test_spec_auto_and_unlabelled_errors_name_the_fix(method, match):
+    with pytest.raises(SpecError, match=match):
+        parse_spec(_raw(methods=[method]))
+    with pytest.raises(SpecError, match=r"\[splits\] unlabelled must be one of"):
+        parse_spec(_raw(splits={"samples_per_class": [3], "unlabelled": "transductive"}))
+
+
+def test_spec_auto_needs_one_feature_space():
+    data = {"builtin": "office_caltech10", "source_space": "a", "target_space": "b", "pairs": "all"}
+    methods = [{"label": "auto", "method": "mmdtl2", "select": "auto"}]
+    with pytest.raises(SpecError, match=r"\['auto'\] need source and target in one feature"):
+        parse_spec(_raw(data=data, methods=methods))
+
+
+def test_spec_unlabelled_pool_reaches_the_trials():
+    methods = [
+        {"label": "auto", "method": "mmdtl2", "select": "auto"},
+        {"label": "auto all", "method": "mmdtl2", "select": "auto", "unlabelled": "all"},
+    ]
+    spec = parse_spec(_raw(methods=methods))
+    assert [t.to_dict()["unlabelled"] for t in spec.trials()] == ["non-test"] * 2 + ["all"] * 2
+    assert all(t.to_dict()["select"] == "auto" for t in spec.trials())
+    raw = _raw(methods=methods[:1], splits={"samples_per_class": [3], "unlabelled": "none"})
+    assert parse_spec(raw).trials()[0].unlabelled == "none"
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", ["none", "non-test", "all"])
+def test_auto_unit_learns_from_the_protocols_pool_only(tmp_path, ray_local, mode):
+    """select = "auto" in a unit == the estimator on the same features with the pool's
+    unlabelled samples as Xt_unlabelled: the test samples shape the prior only under
+    "all", and the unit records the pool size and the rule."""
+    from mmdtl2_dist.core.auto import AUTO_RULE
+    from mmdtl2_dist.estimators import MMDTL2
+    from mmdtl2_dist.study.runner import compute_grams, prepare_data
+    from mmdtl2_dist.study.trial import _features, evaluate_unit, unit_blocks
+
+    spec = load_spec(write_spec(tmp_path), output=tmp_path / "u")
+    store, split_file = prepare_data(spec)
+    plan = build_plan(
+        spec, store, split_file, compute_grams(spec, store, address=None, progress=False)
+    )
+    pair, split = plan.pairs[0], plan.pairs[0].splits[1]
+    trial = {"method": "mmdtl2", "params": {}, "select": "auto", "n_per_class": 3}
+    u = evaluate_unit(plan, pair, split, {**trial, "unlabelled": mode})
+    _, rows = unit_blocks(plan, pair, split, 3, unlabelled=mode)
+    Xs = _features(pair.store, pair.source, pair.source_space, pair.source_gram)
+    Xt = _features(pair.store, pair.target, pair.target_space, pair.target_gram)
+    s, t, q = rows["source"], rows["target"], rows["test"]
+    unl = np.setdiff1d(rows["pool"], t)
+    est = MMDTL2(select="auto").fit_domains(
+        Xs[s], pair.y_source[s], Xt[t], pair.y_target[t], Xt_unlabelled=Xt[unl]
+    )
+    assert u["pool_size"] == len(s) + len(t) + len(unl) == est.auto_["pool_size"]
+    assert {"none": len(unl) == 0, "non-test": 0 < len(unl), "all": len(unl) > len(q)}[mode]
+    assert u["auto"]["rule"] == AUTO_RULE and u["auto"]["pick"] == est.auto_["pick"]
+    assert u["chosen"]["rule"] == AUTO_RULE
+    assert u["accuracy"] == pytest.approx(est.score(Xt[q], pair.y_target[q]), abs=1e-12)

@@ -13,6 +13,10 @@ On a local Ray with all CPUs (the Gram a study with ``preprocessing = "l2_zscore
 On a cluster (re-running the same command resumes an interrupted job)::
 
     mmdtl2 gram /shared/study.zarr --space conv3 --address auto
+
+On GPUs (torch), in mixed precision (float32 products, float64 sums)::
+
+    mmdtl2 gram /shared/study.zarr --space conv3 --address auto --gpus 4 --precision mixed
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
 from mmdtl2_dist.engine.driver import compute_gram
 from mmdtl2_dist.engine.plan import DEFAULT_TASK_MEMORY_MB
+from mmdtl2_dist.engine.products import PRECISIONS
 from mmdtl2_dist.store.feature_store import FeatureStore
 
 
@@ -39,11 +44,14 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         gram_dir=args.gram_dir,
         preprocessing=args.preprocessing,
+        precision=args.precision,
         tile_rows=args.tile_rows,
         address=args.address,
         max_task_memory_mb=args.max_task_memory_mb,
         progress=progress_choice(args),
         num_cpus=args.num_cpus,
+        gpus=args.gpus,
+        device=args.device,
     )
     if not args.quiet:
         run_info = gs.last_run or {}
@@ -103,6 +111,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_PREPROCESSING,
         help="per-device preprocessing, statistics over all its samples (default "
         f"{DEFAULT_PREPROCESSING}, a study's default); a study uses the Gram of its own",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="float64",
+        help="float64: the exact Gram (default); mixed: float32 block products summed in "
+        "float64 (faster; relative error about 1e-7 on nonnegative features, bounded in "
+        "the engine's docs); a mixed Gram has its own key and is never used as the exact one",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="run tiles on GPUs with torch, one GPU per tile task (a local Ray gets this "
+        "many GPUs); needs pip install '.[images]'",
+    )
+    p.add_argument(
+        "--device",
+        help="torch device of the tiles: cuda, cuda:N, or cpu (torch on the CPU); default "
+        "numpy on the CPU, or cuda with --gpus",
     )
     p.add_argument("--tile-rows", type=int, help="rows per tile (default: up to 2048)")
     p.add_argument("--address", help="Ray cluster address (default: a local Ray)")

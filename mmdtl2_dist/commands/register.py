@@ -2,10 +2,16 @@ r"""``mmdtl2 register``: fit a study's chosen adapter and register it in MLflow.
 
 Examples
 --------
-The best MMDTL2 configuration of a study by its mean accuracy on the pair, as version
-N+1 of ``polyp-adapter`` with the alias ``champion``::
+The recommended configuration (MMDTL2 with ``select="auto"``, the frozen selection rule
+of :mod:`mmdtl2_dist.core.auto`), as version N+1 of ``polyp-adapter`` with the alias
+``champion``::
 
     mmdtl2 register mmdtl2-studies/nbi_conv3 --name polyp-adapter --pair 'lucera->elite'
+
+The best MMDTL2 configuration of the study by its mean accuracy on the pair::
+
+    mmdtl2 register mmdtl2-studies/nbi_conv3 --name polyp-adapter --pair 'lucera->elite' \
+        --metric accuracy_pair/lucera_to_elite
 
 Explicit parameters instead of the best trial::
 
@@ -39,6 +45,8 @@ def parse_param(text: str) -> tuple[str, object]:
 def parse_select(text: str) -> tuple[str, list]:
     """``KEY=V1,V2,...`` for a cross-validation grid."""
     key, sep, values = text.partition("=")
+    if text == "auto":
+        raise ValueError("--select auto stands alone: give it without other --select values.")
     if not sep or not key or not values:
         raise ValueError(f"--select wants KEY=V1,V2,..., got {text!r}; e.g. --select c_d=0.1,1.")
     return key.strip(), [parse_param(f"{key}={v}")[1] for v in values.split(",")]
@@ -62,6 +70,7 @@ def _register(args: argparse.Namespace, handle) -> int:
         explicit_config,
         fit_adapter,
         pair_metric,
+        recommended_config,
         study_extractor,
         study_pairs,
     )
@@ -73,15 +82,17 @@ def _register(args: argparse.Namespace, handle) -> int:
         if args.metric or args.label:
             raise ValueError("--metric/--label choose a trial; leave them out with --method.")
         params = dict(parse_param(p) for p in args.param)
-        select = dict(parse_select(s) for s in args.select)
+        select = "auto" if args.select == ["auto"] else dict(parse_select(s) for s in args.select)
         cfg = explicit_config(handle, args.method, params, select, pair_metric_name=pm)
-    else:
-        if args.param or args.select:
-            raise ValueError("--param/--select need --method (explicit parameters).")
+    elif args.param or args.select:
+        raise ValueError("--param/--select need --method (explicit parameters).")
+    elif args.metric or args.label:
         metric = args.metric
         if metric is None:
             metric = pm if len(study_pairs(handle)) > 1 else "accuracy"
         cfg = best_trial(handle, metric, label=args.label, pair_metric_name=pm)
+    else:
+        cfg = recommended_config(handle, pair_metric_name=pm)
     bar = Progress("register", enabled=progress_choice(args))
     bar.say(
         f"register: {cfg.selected_by}: {cfg.method} {json.dumps(cfg.params, default=str)}"
@@ -128,7 +139,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "register",
         help="fit a study's chosen adapter on all labelled data and register it in MLflow",
         description=(
-            "Choose a configuration (the study's best MMDTL2/MMDT trial by --metric, or "
+            "Choose a configuration (by default the recommended one, MMDTL2 with "
+            "select='auto'; the study's best MMDTL2/MMDT trial with --metric or --label; or "
             "explicit --method/--param), fit it on every labelled sample of the pair's "
             "source and target devices with the study's preprocessing, log it as an MLflow "
             "pyfunc model, register it as the next version of --name and point --alias at "
@@ -139,6 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "examples:\n"
             "  mmdtl2 register mmdtl2-studies/office_caltech10 --name office-adapter "
             "--pair 'amazon->webcam'\n"
+            "  mmdtl2 register STUDY --name NAME --metric accuracy   # the best trial\n"
             "  mmdtl2 register STUDY --name NAME --method mmdtl2 --param kernel=rbf "
             "--param c_d=1 --alias challenger"
         ),
@@ -157,11 +170,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--metric",
         default=None,
         help=(
-            "trial metric to maximise (default: accuracy_pair/<pair> when the study has "
+            "register the study's best trial by this metric instead of the recommended "
+            "configuration (with --label alone: accuracy_pair/<pair> when the study has "
             "several pairs, else accuracy)"
         ),
     )
-    p.add_argument("--label", default=None, help="only trials of this method label")
+    p.add_argument(
+        "--label", default=None, help="the best trial of this method label (see --metric)"
+    )
     p.add_argument(
         "--method",
         choices=("mmdtl2", "mmdt"),
@@ -180,7 +196,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=V1,V2",
-        help="choose KEY among values by cross-validation on the labelled target samples",
+        help=(
+            "choose KEY among values by cross-validation on the labelled target samples; "
+            "or --select auto: the recommended selection rule (--method mmdtl2)"
+        ),
     )
     p.add_argument(
         "--export-w",

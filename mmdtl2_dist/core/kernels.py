@@ -29,7 +29,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-KERNELS = ("linear", "rbf", "poly")
+from mmdtl2_dist.core.params import KERNELS, check_values
+
+__all__ = ["KERNELS", "KernelSpec"]
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,9 @@ class KernelSpec:
     coef0: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ValueError(
-                f"kernel must be one of {KERNELS}, got {self.kernel!r}; pass e.g. kernel='rbf'."
-            )
-        if self.gamma is not None and not (np.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"gamma must be a positive finite number or None, got {self.gamma!r}.")
-        if int(self.degree) != self.degree or self.degree < 1:
-            raise ValueError(f"degree must be a positive integer, got {self.degree!r}.")
-        if not np.isfinite(self.coef0) or self.coef0 < 0:
-            raise ValueError(f"coef0 must be a non-negative finite number, got {self.coef0!r}.")
+        check_values(
+            {"kernel": self.kernel, "gamma": self.gamma, "degree": self.degree, "coef0": self.coef0}
+        )
 
     def resolve(self, gram: np.ndarray) -> KernelSpec:
         """Return a copy whose ``gamma`` is concrete, computed from a training Gram.

@@ -4,7 +4,7 @@ This is the trial-level API of the study runner: a trial slices the cached Grams
 feature spaces into a :class:`GramProblem` and calls :func:`fit_predict`. Nothing here
 reads features.
 
-Methods (parameter defaults in :data:`DEFAULTS`):
+Methods (parameters and their defaults in :mod:`mmdtl2_dist.core.params`):
 
 - ``source_svm``: one-vs-rest linear SVM on source and labelled target samples together
   (same feature space only; the paper's "source SVM").
@@ -29,48 +29,31 @@ import numpy as np
 from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.mmdtl2 import (
     MMDTL2Params,
-    check_weights,
     fit_mmdtl2_gram,
     hinge_weights_named,
-    one_vs_rest,
-    svm_step,
+)
+from mmdtl2_dist.core.params import (  # DEFAULTS, METHODS: re-exported
+    DEFAULTS,
+    METHODS,  # noqa: F401
+    check_method,
+    check_names,
+    check_params,
 )
 from mmdtl2_dist.core.preprocessing import check_scale
+from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 from mmdtl2_dist.core.threads import one_thread
 
-METHODS = ("source_svm", "target_svm", "mmdt", "mmdt_hoffman", "mmdtl2")
-
 _MMDTL2_KEYS = ("c_f", "c_d", "c_t", "c_s", "max_iter", "tol", "qp_solver", "qp_tol")
-DEFAULTS: dict[str, dict] = {
-    "source_svm": {"c_s": 1.0, "c_t": 1.0, "qp_solver": "pdas", "qp_tol": 1e-8},
-    "target_svm": {"c_t": 1.0, "qp_solver": "pdas", "qp_tol": 1e-8},
-    "mmdt": {
-        "c_f": 1.0, "c_d": 0.0, "c_t": 1.0, "c_s": 0.05, "max_iter": 20, "tol": 1e-5,
-        "qp_solver": "pdas", "qp_tol": 1e-8,
-    },
-    "mmdt_hoffman": {
-        "c_s": 0.05, "c_t": 1.0, "gamma": 1e-4, "n_iter": 2, "pca_dim": 20,
-        "bregman_tol": 0.01, "check_every": 1000, "max_steps": 1_000_000, "faithful": True,
-        "qp_solver": "pdas", "qp_tol": 1e-8,
-    },
-    "mmdtl2": {
-        "c_f": 0.1, "c_d": 0.1, "c_t": 0.1, "c_s": 0.1, "max_iter": 20, "tol": 1e-5,
-        "qp_solver": "pdas", "qp_tol": 1e-8, "kernel": "linear", "gamma": None, "degree": 2,
-        "coef0": 1.0, "prior": "zero", "prior_weight": 1.0, "init": "source",
-    },
-}  # fmt: skip
-NEEDS_SHARED_SPACE = {"source_svm"}
+#: Methods that need source and target in one feature space (``Kst``, ``Ksq``).
+NEEDS_SHARED_SPACE = {"source_svm", "mmdt_hoffman"}
+#: Methods that need the test × test Gram ``Kqq`` (transductive steps).
+NEEDS_TEST_GRAM = {"mmdt_hoffman"}
 
 
 def default_params(method: str) -> dict:
     """A copy of the default parameters of ``method``."""
-    _check_method(method)
+    check_method(method)
     return dict(DEFAULTS[method])
-
-
-def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}.")
 
 
 @dataclass
@@ -206,12 +189,7 @@ class MethodResult:
 
 def _merge(method: str, params: Mapping | None) -> dict:
     p = default_params(method)
-    unknown = set(params or {}) - set(p)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {sorted(unknown)} for method {method!r}; "
-            f"valid ones are {sorted(p)}."
-        )
+    check_names(method, params or {})
     p.update(params or {})
     return p
 
@@ -294,9 +272,8 @@ def fit_predict(method: str, params: Mapping | None, prob: GramProblem) -> Metho
         predicted labels and an ``info`` dict (objective per alternation, QP statuses and
         KKT residuals, timings).
     """
-    _check_method(method)
     p = _merge(method, params)
-    check_weights(p)
+    check_params(method, p)
     prob.validate()
     with hinge_weights_named(p):
         return _fit_predict(method, p, prob)

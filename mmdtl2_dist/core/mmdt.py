@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmdtl2_dist.core.mmdtl2 import one_vs_rest, svm_step
 from mmdtl2_dist.core.qp import solve_box_qp
+from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 
 
-def linear_svm(V, y_enc, K, cost, qp_solver="pdas", qp_tol=1e-8):
+def linear_svm(V, y_enc, K, cost, qp_solver="dcd", qp_tol=1e-8):
     """One-vs-rest linear SVMs on explicit features ``V`` (n, L); returns ``(Θ (L, K), b)``.
 
     With fewer features than samples (``L + 1 < n``) the dual Hessian ``Y (V Vᵀ + 1) Y`` is
@@ -52,7 +52,7 @@ def fit_mmdt_explicit(
     c_s: float = 0.05,
     max_iter: int = 20,
     tol: float = 1e-5,
-    qp_solver: str = "pdas",
+    qp_solver: str = "dcd",
     qp_tol: float = 1e-8,
 ):
     """Fit MMDT (paper form) with explicit ``W`` and ``Θ``.

@@ -63,6 +63,7 @@ import numpy as np
 import scipy.linalg as sla
 from numba import njit
 
+from mmdtl2_dist.core.params import DEFAULTS, check_params
 from mmdtl2_dist.core.qp import solve_box_qp
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def svm_step_sqhinge(
     n_classes: int,
     cost: np.ndarray,
     *,
-    solver: str = "pdas",
+    solver: str = "dcd",
     tol: float = 1e-8,
 ) -> tuple[np.ndarray, list]:
     r"""One-vs-rest L2-regularised squared-hinge SVMs without bias (liblinear ``-s 1``).
@@ -200,10 +201,7 @@ def svm_step_sqhinge(
         yk = np.where(y == k, 1.0, -1.0)
         H = Kz * np.outer(yk, yk)
         H.flat[:: len(y) + 1] += D
-        # "pdas" (our own solvers) runs coordinate descent here: liblinear's method for
-        # this very dual, finished by exact Newton steps (core/dcd.py).
-        qp_solver = "dcd" if solver == "pdas" else solver
-        res = solve_box_qp(H, np.ones(len(y)), 0.0, np.inf, solver=qp_solver, tol=tol)
+        res = solve_box_qp(H, np.ones(len(y)), 0.0, np.inf, solver=solver, tol=tol)
         beta[:, k] = res.x * yk
         qps.append(res)
     return beta, qps
@@ -380,10 +378,7 @@ def _check_inputs(p: Mapping, prob: GramProblem) -> None:
             raise ValueError(
                 f"GramProblem.Kqq has shape {prob.Kqq.shape}, expected finite ({Q}, {Q})."
             )
-    if int(p["n_iter"]) < 1:
-        raise ValueError(f"n_iter must be >= 1, got {p['n_iter']!r}.")
-    if not (p["c_s"] > 0 and p["c_t"] > 0):
-        raise ValueError(f"c_s and c_t must be positive, got {p['c_s']!r}, {p['c_t']!r}.")
+    check_params("mmdt_hoffman", p)
 
 
 def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -401,7 +396,7 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
         ``n_iter``, ``pca_dim`` (int or None), ``bregman_tol``, ``check_every``,
         ``max_steps``, ``faithful`` (see :func:`bregman_wstep`), ``qp_solver``, ``qp_tol``
         (SVM duals). Missing optional keys take the defaults of
-        ``methods.DEFAULTS["mmdt_hoffman"]``.
+        ``params.DEFAULTS["mmdt_hoffman"]``.
     prob : GramProblem
         Linear Grams of preprocessed features in one shared space (``Kst``, ``Ksq``;
         ``Kqq`` when ``pca_dim`` is set).
@@ -429,8 +424,6 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
     order); the SVM duals are solved exactly. ``K = 2`` gets two hyperplanes (the
     reference indexes a single one and fails), and labels need not be ``1..K``.
     """
-    from mmdtl2_dist.core.methods import DEFAULTS
-
     p = {**DEFAULTS["mmdt_hoffman"], **p}
     _check_inputs(p, prob)
     faithful = bool(p.get("faithful", True))
@@ -439,10 +432,7 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
     N, M = len(prob.ys), len(prob.yt)
     V = N + M
     t0 = time.perf_counter()
-    G = gram_rows(prob, with_test_rows=p["pca_dim"] is not None)
-    if p["pca_dim"] is not None:
-        G = pca_gram(G, int(p["pca_dim"]))
-    Gh = G[:V, :] + 1.0  # augmented: x̂ᵀx̂' = xᵀx' + 1
+    Gh = _augmented_gram(prob, p["pca_dim"])
     Gh_VV, Gh_TV, Gh_VQ = Gh[:, :V], Gh[N:V, :V], Gh[:, V:]
     time_pca = time.perf_counter() - t0
 
@@ -470,6 +460,14 @@ def fit_predict_mmdt_hoffman(p: Mapping, prob: GramProblem) -> tuple[np.ndarray,
     scores = A_th.T @ Gh_VQ + (A_th_G @ A_th) @ S @ Gh[N:V, V:]
     info.update(time_svm_s=t_svm, time_wstep_s=t_w)
     return classes, scores.T, info
+
+
+def _augmented_gram(prob: GramProblem, pca_dim: int | None) -> np.ndarray:
+    """``x̂ᵀx̂' = xᵀx' + 1`` of the training rows against all (after the PCA, if any)."""
+    G = gram_rows(prob, with_test_rows=pca_dim is not None)
+    if pca_dim is not None:
+        G = pca_gram(G, int(pca_dim))
+    return G[: len(prob.ys) + len(prob.yt), :] + 1.0
 
 
 def _wstep(A_th, Gh_VV, N, same, p, faithful, info):

@@ -50,7 +50,6 @@ digits for ``c_f ≤ 1e-7``; this one stays exact for ``c_f`` down to 1e-12, tes
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -58,60 +57,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from mmdtl2_dist.core.dcd import svm_hessian
 from mmdtl2_dist.core.errors import QPSolveError
+from mmdtl2_dist.core.params import WEIGHT_ADVICE, check_values
 from mmdtl2_dist.core.preprocessing import SCALE_FIX, check_scale
-from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_box_qp, solve_scaled_box_qp
+from mmdtl2_dist.core.qp import QPResult, solve_box_qp
+from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 from mmdtl2_dist.core.threads import one_thread
 
 EIG_RTOL = 1e-13  # eigenvalues of Kt below this fraction of the largest are numerical zeros
-
-#: Largest hinge weight (``c_s``, ``c_t``) accepted. The weights bound the dual box QPs of
-#: both steps, and the larger they are, the worse those QPs are conditioned: on
-#: overlapping classes the solvers fail from about 1e7 for ``c_s`` (and, for the W-step of
-#: low-dimensional targets, from 1e3 for ``c_t``; such failures name the weights, see
-#: :func:`hinge_weights_named`). The paper uses 0.1, Hoffman et al. 0.05 and 1, the
-#: bundled studies 0.05 to 1, libsvm's usual grid reaches 2^15.
-HINGE_WEIGHT_MAX = 1e6
-_HINGE_RULE = (
-    f"a positive number of at most {HINGE_WEIGHT_MAX:g}",
-    lambda v: 0 < v <= HINGE_WEIGHT_MAX,
-)
-#: Accepted values of every weight: (what they must be, test of a finite number).
-_WEIGHT_RANGES = {
-    "c_f": ("a positive finite number", lambda v: v > 0),
-    "c_d": ("a non-negative finite number", lambda v: v >= 0),
-    "c_t": _HINGE_RULE,
-    "c_s": _HINGE_RULE,
-}
-_WEIGHT_ADVICE = (
-    "the paper uses 0.1 for each, Hoffman et al.'s MMDT c_s = 0.05 and c_t = 1; the bundled "
-    "studies keep c_s and c_t within 0.05 to 1"
-)
-
-
-def check_weights(params: Mapping) -> None:
-    """Check the weights ``c_f``, ``c_d``, ``c_t``, ``c_s`` found in ``params``.
-
-    Raises ValueError naming the parameter, its value and the accepted range
-    (:data:`HINGE_WEIGHT_MAX` for the hinge weights, positive finite ``c_f``, finite
-    ``c_d ≥ 0``). Absent keys are not checked.
-    """
-    for name, (expect, accepts) in _WEIGHT_RANGES.items():
-        if name not in params:
-            continue
-        v = params[name]
-        is_num = isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
-        if is_num and accepts(v):
-            continue
-        why = ""
-        if is_num and v > HINGE_WEIGHT_MAX:
-            why = (
-                "; larger hinge weights make the dual QPs too ill-conditioned to solve "
-                f"({_WEIGHT_ADVICE})"
-            )
-        got = f"{float(v):g}" if is_num else repr(v)
-        raise ValueError(f"{name} must be {expect}, got {got}{why}.")
 
 
 @contextmanager
@@ -130,7 +83,7 @@ def hinge_weights_named(params: Mapping):
         values = ", ".join(f"{k} = {float(v):g}" for k, v in named.items())
         err = QPSolveError(
             f"{e} The hinge weights {values} bound these QPs, and the larger they are the "
-            f"worse the QPs are conditioned: lower them ({_WEIGHT_ADVICE})."
+            f"worse the QPs are conditioned: lower them ({WEIGHT_ADVICE})."
         )
         err.hinge_weights = named
         raise err from e
@@ -154,8 +107,8 @@ class MMDTL2Params:
         Maximum number of alternations (W-step + SVM-step).
     tol : float
         Stop when the objective decreases by less than ``tol`` relative.
-    qp_solver : {"pdas", "osqp"}
-        Box-QP solver for both steps.
+    qp_solver : str
+        Box-QP solver for both steps (:data:`mmdtl2_dist.core.qp.SOLVERS`).
     qp_tol : float
         Relative KKT tolerance of every QP.
     """
@@ -166,13 +119,11 @@ class MMDTL2Params:
     c_s: float = 0.1
     max_iter: int = 20
     tol: float = 1e-5
-    qp_solver: str = "pdas"
+    qp_solver: str = "dcd"
     qp_tol: float = 1e-8
 
     def __post_init__(self) -> None:
-        check_weights(asdict(self))
-        if int(self.max_iter) != self.max_iter or self.max_iter < 1:
-            raise ValueError(f"max_iter must be a positive integer, got {self.max_iter!r}.")
+        check_values(asdict(self))
 
 
 @dataclass
@@ -219,11 +170,6 @@ def transfer_operators(Kt: np.ndarray, s_m: np.ndarray, c_f: float) -> TransferO
 def similarity_weights(ys: np.ndarray, yt: np.ndarray, c_d: float) -> np.ndarray:
     """``S`` (N, M) with ``s_nm = c_d [y_n = y_m]`` (labels encoded 0..K-1)."""
     return c_d * (ys[:, None] == yt[None, :]).astype(np.float64)
-
-
-def one_vs_rest(y: np.ndarray, K: int) -> np.ndarray:
-    """``Y`` (K, n): +1 where ``y == k`` else −1."""
-    return np.where(y[None, :] == np.arange(K)[:, None], 1.0, -1.0)
 
 
 @dataclass
@@ -307,87 +253,6 @@ def solve_wstep(
     KzGamma = KzRc + (Kz @ beta) @ YA
     KzOmega = Kz[:, N:] + KzGamma @ ops.G
     return WStepResult(qp.x, Gamma, Omega, qp, KzGamma, KzOmega)
-
-
-@dataclass
-class SVMStepResult:
-    """One-vs-rest SVMs: ``coef`` (n, K) on the training vectors, ``b`` (K,), QP results."""
-
-    coef: np.ndarray
-    b: np.ndarray
-    qps: list
-
-
-def svm_step(
-    Kv: np.ndarray,
-    Y: np.ndarray,
-    cost: np.ndarray,
-    *,
-    solver: str = "pdas",
-    tol: float = 1e-8,
-    alpha0: np.ndarray | None = None,
-) -> SVMStepResult:
-    """One-vs-rest linear SVMs with per-sample costs and a regularised bias, in the dual.
-
-    For each class k the dual of ``min ½(‖θ‖² + b²) + Σ_i c_i max(0, 1 − y_i(θᵀv_i + b))``
-    is the box QP ``min ½ αᵀ (Y (Kv + 1) Y) α − 1ᵀα``, ``0 ≤ α ≤ c``: the bias is a
-    constant feature of value 1 (as liblinear does), so there is no equality constraint.
-    Then ``θ = Σ α_i y_i v_i`` and ``b = Σ α_i y_i``.
-
-    Parameters
-    ----------
-    Kv : ndarray of shape (n, n)
-        Gram of the training vectors (source samples and transformed targets).
-    Y : ndarray of shape (K, n)
-        One-vs-rest labels.
-    cost : ndarray of shape (n,)
-        Per-sample hinge weights (``c_s`` for source, ``c_t`` for target samples).
-    solver, tol : see :func:`mmdtl2_dist.core.qp.solve_box_qp`. ``"pdas"`` (the default,
-        "our own solvers") runs dual coordinate descent with polishing
-        (:mod:`mmdtl2_dist.core.dcd`) and continues with the active-set chain of
-        :func:`~mmdtl2_dist.core.qp.solve_box_qp` only if that misses ``tol``.
-    alpha0 : ndarray of shape (K, n), optional
-        Warm start.
-
-    Returns
-    -------
-    SVMStepResult
-        ``coef[:, k] = α_k ⊙ y_k``.
-    """
-    K, n = Y.shape
-    Kv = np.ascontiguousarray(Kv, dtype=np.float64)
-    if not np.all(np.isfinite(Kv)):
-        raise ValueError("the SVM-step Gram has NaN or Inf entries; check the input features.")
-    coef = np.zeros((n, K))
-    qps = []
-    # Two classes: the second one-vs-rest problem is the first with every label flipped,
-    # the same QP (Hessian Y Kb Y unchanged), so α is shared and coef, b change sign.
-    mirrored = K == 2 and np.array_equal(Y[1], -Y[0])
-    d = jacobi_scale(np.diag(Kv) + 1.0)
-    # The Hessian Y Kb Y is singular whenever transformed targets lie in the span of the
-    # source samples: "pdas" (our own solvers) runs dual coordinate descent with an
-    # active-set polish here, and the active-set chain only if that misses tol.
-    qp_solver = "dcd" if solver == "pdas" else solver
-    for k in range(K):
-        y = Y[k]
-        if mirrored and k == 1:
-            coef[:, 1] = -coef[:, 0]
-            qps.append(qps[0])
-            continue
-        t0 = time.perf_counter()
-        # Jacobi-scaled as in solve_box_qp, the scaled Hessian built in one compiled pass.
-        r = solve_scaled_box_qp(
-            svm_hessian(Kv, y * d), d, 0.0, cost / d, solver=qp_solver, tol=tol,
-            y0=None if alpha0 is None else alpha0[k] / d,
-        )  # fmt: skip
-        alpha = np.clip(r.x * d, 0.0, cost)
-        res = QPResult(
-            alpha, r.status, r.solver, r.kkt_residual, r.iterations, r.objective,
-            time.perf_counter() - t0,
-        )  # fmt: skip
-        coef[:, k] = res.x * y
-        qps.append(res)
-    return SVMStepResult(coef, coef.sum(axis=0), qps)
 
 
 def objective(
@@ -524,6 +389,40 @@ def fit_mmdtl2_gram(
         return _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress)
 
 
+def _initial_svm(Kz, Ys, Yt, params: MMDTL2Params, init: str):
+    """The first SVM: on the sources (paper Problem 2), or sources + prior-mapped targets.
+
+    Returns the :class:`SVMStepResult`, the rows of ``Kz`` it was trained on and their
+    one-vs-rest labels.
+    """
+    N, M = Ys.shape[1], Yt.shape[1]
+    if init == "source+prior":
+        idx = np.arange(N + M)
+        cost = np.r_[np.full(N, params.c_s), np.full(M, params.c_t)]
+        Y0 = np.hstack([Ys, Yt])
+    elif init == "source":
+        idx, cost, Y0 = np.arange(N), np.full(N, params.c_s), Ys
+    else:
+        raise ValueError(f"init must be 'source' or 'source+prior', got {init!r}.")
+    svm = svm_step(Kz[np.ix_(idx, idx)], Y0, cost, solver=params.qp_solver, tol=params.qp_tol)
+    return svm, idx, Y0
+
+
+def _training_gram(Kz: np.ndarray, ws: WStepResult, N: int) -> np.ndarray:
+    """Gram ``Kv = Bᵀ Kz B`` of the SVM-step's training vectors, without the (N+M)³ product.
+
+    The vectors as coefficients on ``Z``: ``B = [E_s, Ω]`` with ``E_s`` the first ``N``
+    unit vectors (the sources) and ``Ω`` the transformed targets of the W-step ``ws``.
+    """
+    KzO = ws.KzOmega
+    Kv = np.empty((KzO.shape[0], KzO.shape[0]))
+    Kv[:N, :N] = Kz[:N, :N]
+    Kv[:N, N:] = KzO[:N]
+    Kv[N:, :N] = KzO[:N].T
+    Kv[N:, N:] = ws.Omega.T @ KzO
+    return Kv
+
+
 def _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress) -> MMDTL2Fit:
     """The alternation of :func:`fit_mmdtl2_gram` on checked Grams."""
     t_start = time.perf_counter()
@@ -536,19 +435,8 @@ def _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress) -> MMDTL2Fit:
     info = {"qp_status": [], "qp_kkt_residual": [], "qp_iterations": [], "svm_kkt_residual": []}
     t_w = t_svm = 0.0
 
-    # Initial SVM: source only (paper Problem 2), or source + prior-mapped targets.
     t0 = time.perf_counter()
-    if init == "source+prior":
-        idx = np.arange(N + M)
-        cost = np.r_[np.full(N, params.c_s), np.full(M, params.c_t)]
-        Y0 = np.hstack([Ys, Yt])
-    elif init == "source":
-        idx = np.arange(N)
-        cost = np.full(N, params.c_s)
-        Y0 = Ys
-    else:
-        raise ValueError(f"init must be 'source' or 'source+prior', got {init!r}.")
-    svm = svm_step(Kz[np.ix_(idx, idx)], Y0, cost, solver=params.qp_solver, tol=params.qp_tol)
+    svm, idx, Y0 = _initial_svm(Kz, Ys, Yt, params, init)
     beta = np.zeros((N + M, K))
     beta[idx, :] = svm.coef
     b = svm.b
@@ -578,14 +466,7 @@ def _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress) -> MMDTL2Fit:
         info["qp_iterations"].append(ws.qp.iterations)
 
         t0 = time.perf_counter()
-        # Training vectors as coefficients on Z: B = [E_s, Ω] with E_s the first N unit
-        # vectors. Kv = Bᵀ Kz B without the (N+M)³ product.
-        KzO = ws.KzOmega
-        Kv = np.empty((N + M, N + M))
-        Kv[:N, :N] = Kz[:N, :N]
-        Kv[:N, N:] = KzO[:N]
-        Kv[N:, :N] = KzO[:N].T
-        Kv[N:, N:] = ws.Omega.T @ KzO
+        Kv = _training_gram(Kz, ws, N)
         svm = svm_step(Kv, Yall, cost, solver=params.qp_solver, tol=params.qp_tol, alpha0=alpha)
         alpha = (svm.coef * Yall.T).T  # α_k = coef_k ⊙ y_k (y = ±1)
         beta = ws.Omega @ svm.coef[N:]  # B @ coef
@@ -597,7 +478,7 @@ def _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress) -> MMDTL2Fit:
         history.append(
             objective(
                 Kz, beta, b, ws.Gamma, ws.Omega, ops, S, Ys, Yt, N, params,
-                KzGamma=ws.KzGamma, KzO=KzO,
+                KzGamma=ws.KzGamma, KzO=ws.KzOmega,
             )
         )  # fmt: skip
         if progress is not None:
@@ -607,10 +488,7 @@ def _alternate(Kz, Kt, ys, yt, n_classes, params, init, progress) -> MMDTL2Fit:
     # The final (W, Θ̂) pair: Θ̂ from the last SVM-step, W from the W-step it was fitted to.
     P = (beta.T @ ws.KzGamma) @ ops.C
     info.update(
-        n_iter=n_iter,
-        time_wstep_s=t_w,
-        time_svm_s=t_svm,
-        time_total_s=time.perf_counter() - t_start,
-        converged=n_iter < params.max_iter,
+        n_iter=n_iter, time_wstep_s=t_w, time_svm_s=t_svm, converged=n_iter < params.max_iter
     )
+    info["time_total_s"] = time.perf_counter() - t_start
     return MMDTL2Fit(beta, b, ws.Gamma, ops.C, P, ws.Omega, history, info)

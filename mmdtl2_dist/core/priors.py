@@ -232,11 +232,8 @@ class SamplePool:
                 "Gram Kst); for different feature spaces use prior='zero' or a map W0."
             )
         ns, nt = self.Kss.shape[0], self.Ktt.shape[0]
-        for name, arr, shape in (
-            ("Kss", self.Kss, (ns, ns)),
-            ("Ktt", self.Ktt, (nt, nt)),
-            ("Kst", self.Kst, (ns, nt)),
-        ):
+        for name, shape in {"Kss": (ns, ns), "Ktt": (nt, nt), "Kst": (ns, nt)}.items():
+            arr = getattr(self, name)
             if arr.shape != shape:
                 raise ValueError(f"SamplePool.{name} has shape {arr.shape}, expected {shape}.")
             if not np.all(np.isfinite(arr)):
@@ -286,15 +283,13 @@ class PoolMap:
     def blocks(self, pool: SamplePool) -> PriorBlocks:
         """The four prior blocks of the split's source and target rows (module docstring)."""
         Kyy = pool.Kyy
-        ns = pool.Kss.shape[0]
-        s = pool.source_train
+        ns, s = pool.Kss.shape[0], pool.source_train
         lab, q = ns + pool.target_train, ns + pool.target_test
         KyL = Kyy @ self.L
-        G = self.L.T @ KyL
+        G = self.L.T @ KyL  # (r, r)
         C_l, C_q = self.T @ Kyy[:, lab], self.T @ Kyy[:, q]
-        a = self.a
-        Ksu = a * Kyy[np.ix_(s, lab)] + KyL[s] @ C_l
-        Ksuq = a * Kyy[np.ix_(s, q)] + KyL[s] @ C_q
+        Ksu = self.a * Kyy[np.ix_(s, lab)] + KyL[s] @ C_l
+        Ksuq = self.a * Kyy[np.ix_(s, q)] + KyL[s] @ C_q
         Kuu = self._mapped_gram(Kyy, KyL, G, lab, lab, C_l, C_l)
         Kuuq = self._mapped_gram(Kyy, KyL, G, lab, q, C_l, C_q)
         return PriorBlocks(Ksu, 0.5 * (Kuu + Kuu.T), Ksuq, Kuuq)
@@ -356,11 +351,17 @@ class PCABasis:
 
 
 def pca_basis(
-    K: np.ndarray, d: int | None = None, *, center: bool = True, what: str = "samples"
+    K: np.ndarray,
+    d: int | None = None,
+    *,
+    center: bool = True,
+    what: str = "samples",
+    up_to: bool = False,
 ) -> PCABasis:
     """The top-``d`` PCA basis of the samples of Gram ``K`` (module docstring).
 
-    ``d is None`` keeps every eigenpair above ``EIG_RTOL`` of the largest.
+    ``d is None`` keeps every eigenpair above ``EIG_RTOL`` of the largest; ``up_to=True``
+    keeps those of the top ``d`` (fewer axes when the samples span fewer dimensions).
 
     Raises
     ------
@@ -378,7 +379,7 @@ def pca_basis(
     lam, V = sla.eigh(Kc, subset_by_index=None if d is None else [n - d, n - 1])
     top = max(float(lam[-1]), 0.0) if lam.size else 0.0
     keep = lam > EIG_RTOL * top
-    if d is not None and not np.all(keep):
+    if d is not None and not np.all(keep) and not up_to:
         raise ValueError(
             f"d={d} exceeds the rank of the {what} ({int(keep.sum())} non-zero eigenvalues "
             f"of {'the centred' if center else 'their'} Gram); lower d."
@@ -481,12 +482,8 @@ def coral_map(
     D_t = 1.0 / np.sqrt(1.0 + lam_t / ((nt - 1) * reg)) - 1.0
     M = A_s.T @ pool.Kst @ A_t
     L = sla.block_diag(A_s, A_t)
-    T = np.block(
-        [
-            [E_s[:, None] * A_s.T, (E_s[:, None] * M * D_t) @ A_t.T],
-            [np.zeros((len(lam_t), ns)), D_t[:, None] * A_t.T],
-        ]
-    )
+    top = [E_s[:, None] * A_s.T, (E_s[:, None] * M * D_t) @ A_t.T]
+    T = np.block([top, [np.zeros((len(lam_t), ns)), D_t[:, None] * A_t.T]])
     return PoolMap(1.0, L, T)
 
 

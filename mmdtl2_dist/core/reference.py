@@ -23,7 +23,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from mmdtl2_dist.core.errors import QPSolveError
-from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, one_vs_rest, similarity_weights
+from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, similarity_weights
+from mmdtl2_dist.core.svm import one_vs_rest
 
 
 def augment(X: np.ndarray) -> np.ndarray:
@@ -34,9 +35,10 @@ def augment(X: np.ndarray) -> np.ndarray:
 def _primal_solve(P, q, A, lo, what):
     """``min ½xᵀPx + qᵀx`` s.t. ``A x ≥ lo`` with Clarabel (interior point).
 
-    An interior-point method is used on purpose: it shares nothing with the active-set
-    and operator-splitting solvers of the dual, and it stays accurate on the badly scaled
-    problems (``c_f`` = 1e-6 with ``c_d = 0``) where first-order methods stall.
+    An interior-point method is used on purpose: it shares nothing with the
+    coordinate-descent and operator-splitting solvers of the dual, and it stays accurate
+    on the badly scaled problems (``c_f`` = 1e-6 with ``c_d = 0``) where first-order
+    methods stall.
     """
     import clarabel
 
@@ -166,3 +168,17 @@ def fit_mmdtl2_features(
         V = np.vstack([Xs, augment(Xt) @ W.T])
         Theta, b = svm_primal(V, np.r_[ys, yt], K, cost)
     return W, Theta, b
+
+
+def box_qp(H: np.ndarray, f: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
+    """``min ½ xᵀHx − fᵀx`` s.t. ``lb ≤ x ≤ ub`` by interior point (Clarabel), clipped.
+
+    The reference of the box-QP solvers of :mod:`mmdtl2_dist.core.qp`: no coordinate
+    descent, no operator splitting. ``ub`` may hold ``+inf``.
+    """
+    lb, ub = np.asarray(lb, dtype=np.float64), np.asarray(ub, dtype=np.float64)
+    n = f.shape[0]
+    fin = np.isfinite(ub)
+    A = np.vstack([np.eye(n), -np.eye(n)[fin]])
+    x = _primal_solve(0.5 * (H + H.T), -np.asarray(f, float), A, np.r_[lb, -ub[fin]], "box QP")
+    return np.clip(x, lb, ub)

@@ -212,6 +212,12 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
     if cfg.select:
         tags["select_grid"] = cfg.select
         tags["selected_params"] = fitted.selected_params
+    if fitted.n_unlabelled_target:
+        tags["n_unlabelled_target"] = str(fitted.n_unlabelled_target)
+    if fitted.auto:
+        tags["auto_rule"] = fitted.auto["rule"]
+        tags["auto_choice"] = {k: fitted.auto[k] for k in ("pick", "label", "params", "pca_dim")}
+        tags["auto_pool_size"] = str(fitted.auto["pool_size"])
     for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):
         v = getattr(cfg, key)
         if v is not None:
@@ -233,7 +239,15 @@ def version_description(handle, cfg, fitted) -> str:
         f"target labelled samples of study {spec.name!r} (store fingerprint "
         f"{fitted.store_fingerprint}). Method {cfg.method}, parameters {p}"
     )
-    if fitted.selected_params:
+    if fitted.n_unlabelled_target:
+        s += f", with {fitted.n_unlabelled_target} unlabelled target samples"
+    if fitted.auto:
+        a = fitted.auto
+        s += (
+            f", prior chosen by the rule {a['rule']}: {a['pick']} ({a['label']}, "
+            f"{json.dumps(a['params'], default=str)}) from a pool of {a['pool_size']} samples"
+        )
+    elif fitted.selected_params:
         s += f", chosen by cross-validation: {json.dumps(fitted.selected_params, default=str)}"
     s += f". Configuration: {cfg.selected_by}"
     if cfg.metric_value is not None:

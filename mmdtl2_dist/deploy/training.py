@@ -6,8 +6,11 @@ sample of the pair's source device (source space) and target device (target spac
 the study's per-device preprocessing (statistics over all samples of each device, as in
 the study; see :mod:`mmdtl2_dist.core.preprocessing`).
 
-The configuration comes either from the study's best trial by a named metric (its MLflow
-child runs, found by the study's spec fingerprint) or from explicit parameters. Only
+The configuration is, by default, the recommended one: MMDTL2 with ``select="auto"``
+(:mod:`mmdtl2_dist.core.auto`; the rule chooses the prior on the pair's own labelled
+samples, with every target sample of the device, labelled or not, in the prior's pool);
+or the study's best trial by a named metric (its MLflow child runs, found by the study's
+spec fingerprint); or explicit parameters. Only
 methods whose fitted state is an :class:`~mmdtl2_dist.core.adapter.AdapterState` can be
 deployed: ``mmdtl2`` and ``mmdt`` (MMDTL2 with ``c_f = 1``, ``c_d = 0``).
 """
@@ -50,8 +53,9 @@ class ChosenConfig:
         ``mmdtl2`` or ``mmdt``.
     params : dict
         Parameters as the spec writes them (``"auto"`` for a data-driven gamma).
-    select : dict
-        Cross-validation grid (chosen again, on all labelled target samples, at fit time).
+    select : dict or str
+        Cross-validation grid, or ``"auto"`` (the frozen rule); chosen again, on all
+        labelled target samples, at fit time.
     selected_by : str
         ``"best trial by <metric>"`` or ``"explicit parameters"``.
     label, trial_key, run_id : str or None
@@ -67,7 +71,7 @@ class ChosenConfig:
 
     method: str
     params: dict
-    select: dict
+    select: dict | str
     selected_by: str
     label: str | None = None
     trial_key: str | None = None
@@ -220,7 +224,7 @@ def best_trial(
     return ChosenConfig(
         method=trial.config.method,
         params=dict(trial.config.params),
-        select=dict(trial.config.select),
+        select=_select_copy(trial.config.select),
         selected_by=f"best trial by {metric}",
         label=trial.config.label,
         trial_key=trial.key,
@@ -231,6 +235,11 @@ def best_trial(
         study_accuracy=_accuracy_table(runs, same, pair_metric_name),
         data_fingerprint=run.data.tags.get("data_fingerprint"),
     )
+
+
+def _select_copy(select) -> dict | str:
+    """A selection as a configuration keeps it: ``"auto"``, or a copy of the grid."""
+    return select if isinstance(select, str) else dict(select or {})
 
 
 def _full_params(method: str, params: dict) -> dict:
@@ -251,19 +260,22 @@ def explicit_config(
     handle: StudyHandle,
     method: str,
     params: dict,
-    select: dict | None = None,
+    select: dict | str | None = None,
     pair_metric_name: str | None = None,
+    selected_by: str = "explicit parameters",
 ) -> ChosenConfig:
-    """A configuration given by the user.
+    """A configuration given by the user (``select``: a grid, or ``"auto"``).
 
     The study's results for it are attached if the study ran the same method with the
-    same (default-completed) parameters and selection grid.
+    same (default-completed) parameters and selection.
     """
     from mmdtl2_dist.study.spec import check_param
 
     if method not in DEPLOYABLE:
         raise ValueError(f"method {method!r} cannot be deployed; choose one of {DEPLOYABLE}.")
-    for k, v in {**params, **{k: v[0] for k, v in (select or {}).items() if v}}.items():
+    _check_selection(method, params, select)
+    grid = select if isinstance(select, dict) else {}
+    for k, v in {**params, **{k: v[0] for k, v in grid.items() if v}}.items():
         check_param("--param", method, k, v)
     full = _full_params(method, params)
     trials = _trials_by_key(handle)
@@ -279,11 +291,39 @@ def explicit_config(
     return ChosenConfig(
         method=method,
         params=dict(params),
-        select=dict(select or {}),
-        selected_by="explicit parameters",
+        select=_select_copy(select),
+        selected_by=selected_by,
         study_accuracy=_accuracy_table(runs, same, pair_metric_name),
         data_fingerprint=next(iter(fps)) if len(fps) == 1 else None,
     )
+
+
+def _check_selection(method: str, params: dict, select) -> None:
+    """``select="auto"`` is MMDTL2's rule, which sets its prior, weight and ``c_f``."""
+    if select != "auto":
+        return
+    from mmdtl2_dist.core.auto import RULE_KEYS
+
+    if method != "mmdtl2":
+        raise ValueError(f"--select auto is a rule for --method mmdtl2, not {method!r}.")
+    fixed = sorted(set(params) & set(RULE_KEYS))
+    if fixed:
+        raise ValueError(
+            f"--select auto chooses {list(RULE_KEYS)} itself; drop --param {fixed[0]}=..."
+        )
+
+
+def recommended_config(handle: StudyHandle, pair_metric_name: str | None = None) -> ChosenConfig:
+    """The recommended configuration, the default of ``mmdtl2 register``.
+
+    MMDTL2 with ``select="auto"``, with the study's accuracy for it if the study ran it.
+    """
+    from mmdtl2_dist.core.auto import AUTO_RULE
+
+    return explicit_config(
+        handle, "mmdtl2", {}, "auto", pair_metric_name,
+        selected_by=f"recommended configuration (select='auto', rule {AUTO_RULE})",
+    )  # fmt: skip
 
 
 @dataclass
@@ -300,25 +340,55 @@ class FittedAdapter:
     full_params: dict
     selected_params: dict
     example: np.ndarray
+    n_unlabelled_target: int = 0
+    auto: dict | None = None  # select="auto": the rule, its pick and pool size
 
 
-def _device_data(fs, device: str, space: str):
+def _device_data(fs, device: str, space: str, unlabelled: bool = False):
+    """Features, labels and metadata of one device's labelled samples, and the rest.
+
+    With ``unlabelled`` the samples labelled -1 come back apart (features only);
+    without it they are refused.
+    """
     meta = fs.metadata
     m = meta[(meta.device == device) & (meta.space == space)].sort_values("row")
     y = m["label"].to_numpy(np.int64)
-    if (y < 0).any():
+    X = fs.read(device, space).astype(np.float64, copy=False)
+    if (y < 0).any() and not unlabelled:
         raise ValueError(
             f"device {device!r} has {int((y < 0).sum())} unlabelled samples (label -1); the "
-            "study's per-device preprocessing uses every sample, so all must be labelled."
+            "source device's samples must all be labelled (unlabelled samples are used on "
+            "the target device only)."
         )
-    return fs.read(device, space).astype(np.float64, copy=False), y, m
+    keep = y >= 0
+    return X[keep], y[keep], m[keep], X[~keep]
+
+
+def _estimator(cfg: ChosenConfig, full: dict, preprocessing: str):
+    """The MMDTL2 estimator of a configuration (its grid expanded, or ``"auto"``)."""
+    from mmdtl2_dist.estimators import MMDTL2
+    from mmdtl2_dist.study.spec import core_params
+
+    select = None
+    if cfg.select == "auto":
+        select = "auto"
+    elif cfg.select:
+        names = list(cfg.select)
+        select = [
+            core_params(dict(zip(names, vals, strict=True)))
+            for vals in itertools.product(*(cfg.select[k] for k in names))
+        ]
+    est_params = {k: v for k, v in full.items() if k in MMDTL2().get_params()}
+    return MMDTL2(**est_params, preprocessing=preprocessing, select=select)
 
 
 def fit_adapter(handle: StudyHandle, pair: tuple[str, str], cfg: ChosenConfig) -> FittedAdapter:
-    """Fit ``cfg`` on all labelled samples of ``pair`` (see the module docstring)."""
-    from mmdtl2_dist.estimators import MMDTL2
+    """Fit ``cfg`` on all samples of ``pair`` (see the module docstring).
+
+    Target samples labelled -1 in the store are given to the estimator as unlabelled
+    (its target statistics and, with ``select="auto"``, the prior's pool).
+    """
     from mmdtl2_dist.store.feature_store import FeatureStore
-    from mmdtl2_dist.study.spec import core_params
 
     spec = handle.spec
     fs = FeatureStore.open(handle.store)
@@ -329,19 +399,11 @@ def fit_adapter(handle: StudyHandle, pair: tuple[str, str], cfg: ChosenConfig) -
             stacklevel=2,
         )
     source, target = pair
-    Xs, ys, ms = _device_data(fs, source, spec.source_space)
-    Xt, yt, mt = _device_data(fs, target, spec.target_space)
+    Xs, ys, ms, _ = _device_data(fs, source, spec.source_space)
+    Xt, yt, mt, Xu = _device_data(fs, target, spec.target_space, unlabelled=True)
     full = _full_params(cfg.method, cfg.params)
-    select = None
-    if cfg.select:
-        names = list(cfg.select)
-        select = [
-            core_params(dict(zip(names, vals, strict=True)))
-            for vals in itertools.product(*(cfg.select[k] for k in names))
-        ]
-    est_params = {k: v for k, v in full.items() if k in MMDTL2().get_params()}
-    est = MMDTL2(**est_params, preprocessing=spec.preprocessing, select=select)
-    est.fit_domains(Xs, ys, Xt, yt)
+    est = _estimator(cfg, full, spec.preprocessing)
+    est.fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu if len(Xu) else None)
     est.adapter_.feature_space = spec.target_space
     names = {}
     for m in (ms, mt):
@@ -358,8 +420,10 @@ def fit_adapter(handle: StudyHandle, pair: tuple[str, str], cfg: ChosenConfig) -
         n_target=len(yt),
         store_fingerprint=fs.fingerprint,
         full_params=full,
-        selected_params=dict(getattr(est, "selected_params_", {}) or {}) if select else {},
+        selected_params=dict(getattr(est, "selected_params_", {}) or {}) if cfg.select else {},
         example=Xt[:1].copy(),
+        n_unlabelled_target=len(Xu),
+        auto=est.auto_,
     )
 
 

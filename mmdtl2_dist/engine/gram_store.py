@@ -5,7 +5,8 @@ Layout (a directory)::
     GRAM/
       zarr.json            Zarr group
       job.json             the job (store, fingerprint, space, devices, preprocessing,
-                           tile size, feature blocks) and its state; written atomically.
+                           precision, tile size, feature blocks) and its state; written
+                           atomically. A job without ``precision`` is exact (float64).
                            ``store`` records where the features were read from; a Gram
                            is matched to a store by ``store_fingerprint`` only, so moving
                            either keeps it in use
@@ -103,8 +104,9 @@ class GramStore:
 
     @property
     def key(self) -> str:
-        """The Gram's name in a Gram folder (store fingerprint, space, preprocessing)."""
-        return gram_key(self.job["store_fingerprint"], self.space, self.preprocessing)
+        """The Gram's name in a Gram folder (store content, space, preprocessing, precision)."""
+        fp = self.job["store_fingerprint"]
+        return gram_key(fp, self.space, self.preprocessing, self.precision)
 
     @property
     def n(self) -> int:
@@ -121,6 +123,11 @@ class GramStore:
     @property
     def preprocessing(self) -> str:
         return self.job["preprocessing"]
+
+    @property
+    def precision(self) -> str:
+        """``"float64"`` (exact) or ``"mixed"`` (float32 products, float64 sums)."""
+        return self.job.get("precision", "float64")
 
     @property
     def tile_rows(self) -> int:
@@ -255,5 +262,6 @@ class GramStore:
         state = "complete" if self.complete else "incomplete"
         return (
             f"GramStore({str(self.path)!r}: space {self.space!r}, n={self.n}, devices "
-            f"{self.devices}, preprocessing {self.preprocessing!r}, {state})"
+            f"{self.devices}, preprocessing {self.preprocessing!r}, precision "
+            f"{self.precision!r}, {state})"
         )

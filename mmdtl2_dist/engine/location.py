@@ -1,10 +1,12 @@
 """Where a Gram lives, and how two processes that need the same one share it.
 
-A Gram's values depend only on the feature store's content, the feature space and the
-preprocessing: its rows are every device of the space in sorted order, so the store's
-content fixes the device set too. Grams are therefore kept in a *Gram folder*, one
-subfolder per key ``<space>__<preprocessing>__<fingerprint[:16]>``
-(:func:`gram_key`; the fingerprint is :attr:`FeatureStore.fingerprint
+A Gram's values depend only on the feature store's content, the feature space, the
+preprocessing and the precision of its products: its rows are every device of the space
+in sorted order, so the store's content fixes the device set too. Grams are therefore
+kept in a *Gram folder*, one subfolder per key
+``<space>__<preprocessing>__<fingerprint[:16]>`` (a mixed-precision Gram:
+``<space>__<preprocessing>-mixed__<fingerprint[:16]>``, never taken for the exact one;
+:func:`gram_key`; the fingerprint is :attr:`FeatureStore.fingerprint
 <mmdtl2_dist.store.feature_store.FeatureStore.fingerprint>`), and everything that needs a
 Gram (``mmdtl2 gram``, a study) looks there first: a complete Gram of that key is used as
 it is, a partial one is resumed, and a store whose content changed gets another key.
@@ -39,9 +41,12 @@ GRAM_DIR_SUFFIX = ".grams"
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
-def gram_key(store_fingerprint: str, space: str, preprocessing: str) -> str:
-    """The folder name of a Gram inside a Gram folder."""
-    return f"{space}__{preprocessing}__{store_fingerprint[:16]}"
+def gram_key(
+    store_fingerprint: str, space: str, preprocessing: str, precision: str = "float64"
+) -> str:
+    """The folder name of a Gram inside a Gram folder (the exact Gram's has no suffix)."""
+    how = preprocessing if precision == "float64" else f"{preprocessing}-{precision}"
+    return f"{space}__{how}__{store_fingerprint[:16]}"
 
 
 def default_gram_dir(store_path: str | os.PathLike) -> Path:
@@ -51,15 +56,19 @@ def default_gram_dir(store_path: str | os.PathLike) -> Path:
 
 
 def gram_location(
-    fs: FeatureStore, space: str, preprocessing: str, gram_dir: str | os.PathLike | None = None
+    fs: FeatureStore,
+    space: str,
+    preprocessing: str,
+    gram_dir: str | os.PathLike | None = None,
+    precision: str = "float64",
 ) -> Path:
-    """The folder of the Gram of ``fs``'s content in ``space`` with ``preprocessing``.
+    """The folder of the Gram of ``fs``'s content in ``space``, ``preprocessing``, ``precision``.
 
     ``gram_dir`` is the Gram folder (default :func:`default_gram_dir` of the store); the
     Gram's folder inside it is named by :func:`gram_key`.
     """
     folder = default_gram_dir(fs.path) if gram_dir is None else Path(gram_dir).expanduser()
-    return folder.absolute() / gram_key(fs.fingerprint, space, preprocessing)
+    return folder.absolute() / gram_key(fs.fingerprint, space, preprocessing, precision)
 
 
 def make_gram_dir(folder: Path) -> None:

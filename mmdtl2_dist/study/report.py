@@ -90,7 +90,10 @@ def significance_marks(
 
 
 def results_frame(trials: list[dict]) -> pd.DataFrame:
-    """One row per (trial, pair, split) from trial payloads (see ``study.trial``)."""
+    """One row per (trial, pair, split) from trial payloads (see ``study.trial``).
+
+    ``pool_size`` is the prior's pool of a ``select = "auto"`` unit (empty otherwise).
+    """
     rows = []
     for t in trials:
         for u in t["units"]:
@@ -107,6 +110,7 @@ def results_frame(trials: list[dict]) -> pd.DataFrame:
                     "accuracy": u["accuracy"],
                     "fit_s": u.get("fit_s", math.nan),
                     "chosen": json.dumps(u.get("chosen") or {}, sort_keys=True),
+                    "pool_size": u.get("pool_size"),
                 }
             )
     cols = [
@@ -121,6 +125,7 @@ def results_frame(trials: list[dict]) -> pd.DataFrame:
         "accuracy",
         "fit_s",
         "chosen",
+        "pool_size",
     ]
     return pd.DataFrame(rows, columns=cols)
 
@@ -332,6 +337,76 @@ def chosen_summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["label", "n_per_class", "chosen"])
 
 
+def _accuracy_sections(table, main, pairs, cap, title, out_dir, md, files) -> str | None:
+    """Accuracy versus labelled samples per pair (and pooled), and per pair at each n.
+
+    Appends the Markdown sections to ``md`` and the plots to ``files``; returns the
+    summary table (the pooled or only pair's; per pair when there is one n).
+    """
+    summary = None
+    main_pair = ALL_PAIRS if len(pairs) > 1 else pairs[0]
+    for pair in ([ALL_PAIRS] if len(pairs) > 1 else []) + pairs:
+        t = table[(table["pair"] == pair) & table["label"].isin(main)]
+        heading = "All pairs (per split, mean over pairs)" if pair == ALL_PAIRS else f"{pair}"
+        text = markdown_table(t, "n_per_class", main)
+        md += [f"## {heading}", "", cap, "", text, ""]
+        if pair == main_pair:
+            summary = f"{heading}\n\n{cap}\n\n{text}"
+        png = out_dir / f"accuracy_vs_n_{_slug(pair)}.png"
+        if t["n_per_class"].nunique() > 1:
+            _plot_vs_n(t, main, f"{title}: {heading}", png)
+            files.append(png)
+    if len(pairs) > 1:
+        for n in sorted(table["n_per_class"].unique()):
+            t = table[(table["n_per_class"] == n) & table["label"].isin(main)]
+            text = markdown_table(t, "pair", main)
+            md += [f"## Per pair, {n} labelled target samples per class", "", cap, "", text, ""]
+            if table["n_per_class"].nunique() == 1:  # no accuracy-versus-n curve to draw
+                png = out_dir / f"accuracy_by_pair_n{n}.png"
+                _plot_by_pair(t, main, f"{title}: {n} labelled target samples per class", png)
+                files.append(png)
+                summary = f"Per pair, {n} labelled target samples per class\n\n{cap}\n\n{text}"
+    return summary
+
+
+def _sweep_sections(df, full, table, pairs, cap, out_dir, md, files) -> None:
+    """One section (and, for one swept parameter, a plot) per method with a grid."""
+    main_pair = ALL_PAIRS if len(pairs) > 1 else pairs[0]
+    swept = df[df["swept"] != "{}"]
+    for base, g in swept.groupby("base_label", sort=False):
+        params = sorted({k for s in g["swept"] for k in json.loads(s)})
+        labels = list(dict.fromkeys(g["label"]))
+        t = table[(table["pair"] == main_pair) & table["label"].isin(labels)]
+        sweep = markdown_table(t, "n_per_class", labels)
+        md += [f"## Parameter sweep: {base}", "", cap, "", sweep, ""]
+        if len(params) == 1:
+            png = out_dir / f"sweep_{_slug(base)}_{params[0]}.png"
+            pooled = (
+                g
+                if len(pairs) == 1
+                else full[(full["pair"] == ALL_PAIRS) & full["label"].isin(labels)]
+            )
+            _plot_sweep(pooled, base, params[0], png)
+            files.append(png)
+
+
+def _chosen_section(df, out_dir, md, files) -> None:
+    """The configurations chosen by cross-validation, and ``chosen_params.csv``."""
+    chosen = chosen_summary(df)
+    if chosen.empty:
+        return
+    md += [
+        "## Parameters chosen by cross-validation on the labelled target samples",
+        "",
+        "| method | n | chosen (splits × pairs) |",
+        "|---|---:|---|",
+    ]
+    md += [f"| {r.label} | {r.n_per_class} | {r.chosen} |" for r in chosen.itertuples()]
+    md.append("")
+    chosen.to_csv(out_dir / "chosen_params.csv", index=False)
+    files.append(out_dir / "chosen_params.csv")
+
+
 def write_report(
     trials: list[dict],
     out_dir: Path,
@@ -384,58 +459,9 @@ def write_report(
 
     cap = caption(df["split"].nunique(), rs, rt)
     md = [f"# {title}", ""]
-    summary = None
-    main_pair = ALL_PAIRS if len(pairs) > 1 else pairs[0]
-    for pair in ([ALL_PAIRS] if len(pairs) > 1 else []) + pairs:
-        t = table[(table["pair"] == pair) & table["label"].isin(main)]
-        heading = "All pairs (per split, mean over pairs)" if pair == ALL_PAIRS else f"{pair}"
-        text = markdown_table(t, "n_per_class", main)
-        md += [f"## {heading}", "", cap, "", text, ""]
-        if pair == main_pair:
-            summary = f"{heading}\n\n{cap}\n\n{text}"
-        png = out_dir / f"accuracy_vs_n_{_slug(pair)}.png"
-        if t["n_per_class"].nunique() > 1:
-            _plot_vs_n(t, main, f"{title}: {heading}", png)
-            files.append(png)
-    if len(pairs) > 1:
-        for n in sorted(table["n_per_class"].unique()):
-            t = table[(table["n_per_class"] == n) & table["label"].isin(main)]
-            text = markdown_table(t, "pair", main)
-            md += [f"## Per pair, {n} labelled target samples per class", "", cap, "", text, ""]
-            if table["n_per_class"].nunique() == 1:  # no accuracy-versus-n curve to draw
-                png = out_dir / f"accuracy_by_pair_n{n}.png"
-                _plot_by_pair(t, main, f"{title}: {n} labelled target samples per class", png)
-                files.append(png)
-            if table["n_per_class"].nunique() == 1:
-                summary = f"Per pair, {n} labelled target samples per class\n\n{cap}\n\n{text}"
-    swept = df[df["swept"] != "{}"]
-    for base, g in swept.groupby("base_label", sort=False):
-        params = sorted({k for s in g["swept"] for k in json.loads(s)})
-        labels = list(dict.fromkeys(g["label"]))
-        t = table[(table["pair"] == main_pair) & table["label"].isin(labels)]
-        sweep = markdown_table(t, "n_per_class", labels)
-        md += [f"## Parameter sweep: {base}", "", cap, "", sweep, ""]
-        if len(params) == 1:
-            png = out_dir / f"sweep_{_slug(base)}_{params[0]}.png"
-            pooled = (
-                g
-                if len(pairs) == 1
-                else full[(full["pair"] == ALL_PAIRS) & full["label"].isin(labels)]
-            )
-            _plot_sweep(pooled, base, params[0], png)
-            files.append(png)
-    chosen = chosen_summary(df)
-    if not chosen.empty:
-        md += [
-            "## Parameters chosen by cross-validation on the labelled target samples",
-            "",
-            "| method | n | chosen (splits × pairs) |",
-            "|---|---:|---|",
-        ]
-        md += [f"| {r.label} | {r.n_per_class} | {r.chosen} |" for r in chosen.itertuples()]
-        md.append("")
-        chosen.to_csv(out_dir / "chosen_params.csv", index=False)
-        files.append(out_dir / "chosen_params.csv")
+    summary = _accuracy_sections(table, main, pairs, cap, title, out_dir, md, files)
+    _sweep_sections(df, full, table, pairs, cap, out_dir, md, files)
+    _chosen_section(df, out_dir, md, files)
     if timing:
         md += ["## Timing", "", "| quantity | value |", "|---|---:|"]
         md += [

@@ -148,6 +148,7 @@ def compute_grams(
             space,
             gram_dir=spec.gram_dir,
             preprocessing=spec.preprocessing,
+            precision=spec.gram_precision,
             address=address,
             progress=progress,
         )

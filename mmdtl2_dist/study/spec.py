@@ -17,11 +17,15 @@ per class, how splits are drawn, and where results go. Example (TOML)::
     preprocessing = "l2_zscore"        # none | l2 | zscore | l2_zscore (per device)
     gram_dir = "/shared/grams"         # optional; default <store>.grams beside the store
 
+    [gram]                             # optional
+    precision = "float64"              # float64 (exact) | mixed (float32 products)
+
     [splits]
     protocol = "half"                  # half | group | fixed
     n_splits = 10
     train_fraction = 0.5
     samples_per_class = [1, 2, 3, 4, 5, 10, 15, 20, 25, 30, 35, 40]
+    unlabelled = "non-test"            # non-test | all | none: the unlabelled target pool
 
     [[methods]]
     label = "MMDTL2 (RBF)"
@@ -29,6 +33,19 @@ per class, how splits are drawn, and where results go. Example (TOML)::
     params = { kernel = "rbf", c_f = 0.1, c_d = 0.1, c_t = 0.1, c_s = 0.1 }
     grid = { c_f = [1e-8, 1e-4, 0.1, 10] }     # optional sweep: one column per value
     select = { c_d = [0.01, 0.1, 1] }          # optional: choose by CV on target train
+
+    [[methods]]
+    label = "MMDTL2 auto"
+    method = "mmdtl2"
+    select = "auto"                    # the frozen rule of mmdtl2_dist.core.auto
+    unlabelled = "all"                 # optional: this method's pool ([splits] unlabelled)
+
+``unlabelled`` names the target samples that the methods using unlabelled samples see
+(``select = "auto"``'s prior pool and the skada baselines): ``"non-test"`` (default)
+every target sample of the device outside the test set, ``"all"`` also the test samples'
+features (never their labels: the transductive protocol of the published methods),
+``"none"`` the labelled ones only. With split files that list only the labelled and the
+test samples (Hoffman's), ``"non-test"`` is the labelled samples.
 
 See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key.
 """
@@ -46,8 +63,11 @@ from typing import Any
 
 import yaml
 
-from mmdtl2_dist.core.methods import DEFAULTS as CORE_DEFAULTS
+from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
+from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
+from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
 from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
+from mmdtl2_dist.engine.products import PRECISIONS as GRAM_PRECISIONS
 from mmdtl2_dist.study.splits import PROTOCOLS
 
 #: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
@@ -56,45 +76,26 @@ CORE_METHODS = tuple(CORE_DEFAULTS)
 EXTRA_METHODS = ("coral_svm", "sa_svm", "kmm_svm")
 ALL_METHODS = CORE_METHODS + EXTRA_METHODS
 #: Methods that need source and target in one feature space.
-SAME_SPACE_METHODS = ("source_svm", "mmdt_hoffman", "coral_svm", "sa_svm", "kmm_svm")
-KERNELS = ("linear", "rbf", "poly")
-#: Value rules of the core's parameters. The *names* a method accepts are the keys of
-#: its ``DEFAULTS`` entry; a name without a rule here accepts any scalar. In a spec,
-#: ``"auto"`` stands for the core's ``None`` (TOML has no null): ``gamma = "auto"`` is
-#: the data-driven kernel width, ``pca_dim = "none"`` turns the PCA off.
-CORE_PARAMS = {
-    "c_f": "positive",
-    "c_d": "nonnegative",
-    "c_t": "positive",
-    "c_s": "positive",
-    "kernel": KERNELS,
-    "gamma": "positive_or_auto",
-    "degree": "positive_int",
-    "coef0": "number",
-    "prior": ("zero", "identity"),
-    "prior_weight": "nonnegative",
-    "init": ("source", "source+prior"),
-    "max_iter": "positive_int",
-    "tol": "positive",
-    "qp_solver": ("pdas", "osqp"),
-    "qp_tol": "positive",
-    "n_iter": "positive_int",
-    "pca_dim": "positive_int_or_none",
-    "bregman_tol": "positive",
-    "check_every": "positive_int",
-    "max_steps": "positive_int",
-    "faithful": (True, False),
+SAME_SPACE_METHODS = (*sorted(NEEDS_SHARED_SPACE), *EXTRA_METHODS)
+_SVM_C = positive("hinge weight of the SVM")
+#: Parameters of the skada baselines (their values as skada takes them; ``reg = "auto"`` is
+#: skada's own default).
+EXTRA_PARAMS: dict[str, dict[str, Param]] = {
+    "coral_svm": {"reg": positive("CORAL regulariser", none_word="auto"), "c": _SVM_C},
+    "sa_svm": {"n_components": count("subspace dimension"), "c": _SVM_C},
+    "kmm_svm": {
+        "kmm_gamma": positive("KMM kernel width"),
+        "kmm_B": positive("KMM weight bound"),
+        "c": _SVM_C,
+    },
 }
-#: Where one name means different things in different methods.
-METHOD_PARAMS = {"mmdt_hoffman": {"gamma": "positive"}}
-EXTRA_PARAMS = {
-    "coral_svm": {"reg": "positive_or_auto", "c": "positive"},
-    "sa_svm": {"n_components": "positive_int", "c": "positive"},
-    "kmm_svm": {"kmm_gamma": "positive", "kmm_B": "positive", "c": "positive"},
-}
-#: Spec spellings of the core's ``None``.
-NONE_WORDS = {"gamma": "auto", "pca_dim": "none"}
+#: Spec spellings of the core's ``None`` (TOML has no null).
+NONE_WORDS = {k: p.none_word for k, p in PARAMS.items() if p.none_word is not None}
 BUILTIN_DATA = ("office_caltech10",)
+#: Which unlabelled target samples the methods that use them see (``select = "auto"``'s
+#: prior pool, the skada baselines' target samples): every non-test sample of the target
+#: device (inductive), also the test samples (transductive) or none.
+UNLABELLED_POOLS = ("non-test", "all", "none")
 DEFAULT_OUTPUT_ROOT = "mmdtl2-studies"
 
 
@@ -110,7 +111,8 @@ class MethodSpec:
     method: str
     params: dict[str, Any]
     grid: dict[str, list]
-    select: dict[str, list]
+    select: dict[str, list] | str
+    unlabelled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,9 +122,10 @@ class MethodConfig:
     label: str
     method: str
     params: dict[str, Any]
-    select: dict[str, list]
+    select: dict[str, list] | str
     base_label: str
     swept: dict[str, Any]
+    unlabelled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class TrialSpec:
     key: str
     config: MethodConfig
     n_per_class: int
+    unlabelled: str = "non-test"
 
     def to_dict(self) -> dict:
         c = self.config
@@ -147,6 +151,7 @@ class TrialSpec:
             "base_label": c.base_label,
             "swept": c.swept,
             "n_per_class": self.n_per_class,
+            "unlabelled": self.unlabelled,
         }
 
 
@@ -174,10 +179,12 @@ class StudySpec:
     source_per_class: int | None
     samples_per_class: list[int]
     methods: list[MethodSpec]
+    unlabelled: str = "non-test"
     cpus_per_trial: float = 1.0
     split_tasks: int = 0
     max_concurrent_trials: int = 0
     gram_dir: Path | None = None
+    gram_precision: str = "float64"
     tracking_uri: str | None = None
     experiment: str | None = None
     reference_source: str | None = None
@@ -197,7 +204,8 @@ class StudySpec:
         out = []
         for c in self.configs():
             for n in self.samples_per_class:
-                out.append(TrialSpec(trial_key(c, n), c, n))
+                pool = c.unlabelled or self.unlabelled
+                out.append(TrialSpec(trial_key(c, n, pool), c, n, pool))
         return out
 
     def fingerprint(self) -> str:
@@ -218,7 +226,9 @@ def expand_configs(methods: list[MethodSpec]) -> list[MethodConfig]:
             if swept:
                 label += " [" + ", ".join(f"{k}={_fmt(v)}" for k, v in swept.items()) + "]"
             out.append(
-                MethodConfig(label, m.method, {**m.params, **swept}, m.select, m.label, swept)
+                MethodConfig(
+                    label, m.method, {**m.params, **swept}, m.select, m.label, swept, m.unlabelled
+                )
             )
     return out
 
@@ -227,13 +237,16 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def trial_key(config: MethodConfig, n_per_class: int) -> str:
-    """A deterministic key of a trial (its MLflow tag and result file name)."""
-    blob = json.dumps(
-        [config.label, config.method, config.params, config.select, n_per_class],
-        sort_keys=True,
-        default=str,
-    )
+def trial_key(config: MethodConfig, n_per_class: int, unlabelled: str = "non-test") -> str:
+    """A deterministic key of a trial (its MLflow tag and result file name).
+
+    The unlabelled pool enters the key only when it is not the default ``"non-test"``,
+    so spelling out the default does not change a study's keys.
+    """
+    parts = [config.label, config.method, config.params, config.select, n_per_class]
+    if unlabelled != "non-test":
+        parts.append(unlabelled)
+    blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -264,50 +277,38 @@ def _int(where: str, key: str, v: Any, minimum: int = 0) -> int:
     return v
 
 
-def param_rules(method: str) -> dict[str, Any]:
-    """The parameters a method accepts in a spec, with their value rules."""
-    if method in EXTRA_PARAMS:
-        return EXTRA_PARAMS[method]
-    over = METHOD_PARAMS.get(method, {})
-    return {k: over.get(k, CORE_PARAMS.get(k, "scalar")) for k in CORE_DEFAULTS[method]}
-
-
 def core_params(params: dict) -> dict:
     """Spec parameter values as the core takes them (``"auto"``/``"none"`` -> ``None``)."""
     return {k: None if NONE_WORDS.get(k) == v else v for k, v in params.items()}
 
 
 def check_param(where: str, method: str, name: str, value: Any) -> None:
-    """Validate one method parameter value; raise :class:`SpecError` naming the fix."""
-    rules = param_rules(method)
-    if name not in rules:
-        raise _err(where, f"method {method!r} has no parameter {name!r}; known: {sorted(rules)}.")
-    rule = rules[name]
-    ok = True
-    if isinstance(rule, tuple):
-        ok = any(value == r and type(value) is type(r) for r in rule)
-        expect = f"one of {rule}"
-    elif rule == "scalar":
-        ok = isinstance(value, str | bool) or _is_num(value)
-        expect = "a number, a string or a boolean"
-    elif rule in ("positive_int", "positive_int_or_none"):
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        ok = ok or (rule == "positive_int_or_none" and value == "none")
-        expect = "a positive integer" + (' or "none"' if rule.endswith("none") else "")
-    elif rule == "positive_or_auto":
-        ok = value == "auto" or _is_num(value) and value > 0
-        expect = "a positive number or 'auto'"
-    else:
-        ok = _is_num(value) and (
-            rule == "number" or value > 0 or (rule == "nonnegative" and value == 0)
+    """Validate one method parameter value; raise :class:`SpecError` naming the fix.
+
+    The core's methods are checked by the core (:func:`mmdtl2_dist.core.params.check_params`,
+    the same message as the estimators give), after the spec's spelling of ``None``.
+    """
+    if method in EXTRA_PARAMS:
+        specs = EXTRA_PARAMS[method]
+        if name not in specs:
+            raise _err(
+                where, f"method {method!r} has no parameter {name!r}; its parameters are "
+                f"{sorted(specs)}."
+            )  # fmt: skip
+        v = None if value == specs[name].none_word else value
+        if not specs[name].accepts(v):
+            raise _err(where, specs[name].refusal(name, value))
+        return
+    try:
+        check_params(method, core_params({name: value}))
+    except ValueError as e:
+        raise _err(where, str(e)) from None
+    if name == "prior" and value == "matrix":
+        raise _err(
+            where,
+            "prior = 'matrix' needs a map W0, which a study spec cannot give; use 'zero' or "
+            "'identity' (or the estimator MMDTL2(prior='matrix', W0=...)).",
         )
-        expect = {
-            "positive": "a positive number",
-            "nonnegative": "a number >= 0",
-            "number": "a number",
-        }[rule]
-    if not ok:
-        raise _err(where, f"parameter {name} must be {expect}, got {value!r}.")
 
 
 def _is_num(v: Any) -> bool:
@@ -346,7 +347,7 @@ def _methods(raw: Any) -> list[MethodSpec]:
         where = f"methods #{i + 1}"
         if not isinstance(m, dict):
             raise _err(where, "each method must be a table.")
-        _check_keys(where, m, {"label", "method", "params", "grid", "select"})
+        _check_keys(where, m, {"label", "method", "params", "grid", "select", "unlabelled"})
         method = m.get("method")
         if method not in ALL_METHODS:
             raise _err(where, f"unknown method {method!r}; choose one of {ALL_METHODS}.")
@@ -362,8 +363,12 @@ def _methods(raw: Any) -> list[MethodSpec]:
         for k, v in params.items():
             check_param(where, method, k, v)
         grid = _grid(where, method, m.get("grid"), "grid")
-        select = _grid(where, method, m.get("select"), "select")
-        both = sorted(set(grid) & set(select))
+        if m.get("select") == "auto":
+            _check_auto(where, method, {**params, **grid})
+            select = "auto"
+        else:
+            select = _grid(where, method, m.get("select"), "select")
+        both = sorted(set(grid) & set(select if isinstance(select, dict) else {}))
         if both:
             raise _err(
                 where,
@@ -376,8 +381,39 @@ def _methods(raw: Any) -> list[MethodSpec]:
                 f"select (cross-validation) is offered for the core methods "
                 f"{CORE_METHODS}, not {method!r}.",
             )
-        out.append(MethodSpec(label, method, dict(params), grid, select))
+        unlabelled = m.get("unlabelled")
+        if unlabelled is not None:
+            unlabelled = _unlabelled(where, unlabelled)
+        out.append(MethodSpec(label, method, dict(params), grid, select, unlabelled))
     return out
+
+
+def _check_auto(where: str, method: str, params: dict) -> None:
+    """``select = "auto"``: MMDTL2 only, and the rule's own parameters left to it."""
+    from mmdtl2_dist.core.auto import RULE_KEYS
+
+    if method != "mmdtl2":
+        raise _err(where, f'select = "auto" is a rule for method "mmdtl2", not {method!r}.')
+    fixed = sorted(set(params) & set(RULE_KEYS))
+    if fixed:
+        raise _err(
+            where,
+            f'select = "auto" chooses {list(RULE_KEYS)} itself; remove {fixed} from '
+            "params and grid.",
+        )
+
+
+def _unlabelled(where: str, value: Any) -> str:
+    """The unlabelled target pool: ``"non-test"``, ``"all"`` or ``"none"``."""
+    if value not in UNLABELLED_POOLS:
+        raise _err(
+            where,
+            f'unlabelled must be one of {UNLABELLED_POOLS}, got {value!r}: "non-test" '
+            '(every target sample of the device outside the test set), "all" (also the '
+            "test samples' features, never their labels: the transductive protocol) or "
+            '"none" (the labelled target samples only).',
+        )
+    return value
 
 
 def _resolve(base: Path | None, p: str) -> Path:
@@ -405,6 +441,21 @@ def _gram_dir(base: Path | None, value: Any) -> Path | None:
     return folder
 
 
+def _gram_precision(raw: dict) -> str:
+    """``[gram] precision``: the precision of the study's Grams (default exact float64)."""
+    gram = _table(raw, "gram")
+    _check_keys("gram", gram, {"precision"})
+    precision = gram.get("precision", "float64")
+    if precision not in GRAM_PRECISIONS:
+        raise _err(
+            "gram",
+            f'precision must be one of {GRAM_PRECISIONS}, got {precision!r}: "float64" is '
+            'the exact Gram, "mixed" multiplies float32 features in float32 and sums in '
+            "float64 (faster, relative error about 1e-7 on nonnegative features).",
+        )
+    return precision
+
+
 def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = None) -> StudySpec:
     """Validate a spec given as a dict (the parsed TOML/YAML).
 
@@ -426,7 +477,9 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
     if not isinstance(raw, dict):
         raise SpecError("study spec: the file must hold a table/mapping at top level.")
     _check_keys(
-        "top level", raw, {"study", "data", "splits", "methods", "execution", "tracking", "report"}
+        "top level",
+        raw,
+        {"study", "data", "gram", "splits", "methods", "execution", "tracking", "report"},
     )
     base = path.parent if path is not None else None
     study = _table(raw, "study", required=True)
@@ -527,8 +580,17 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
     _check_keys(
         "splits",
         sp,
-        {"protocol", "n_splits", "train_fraction", "file", "source_per_class", "samples_per_class"},
+        {
+            "protocol",
+            "n_splits",
+            "train_fraction",
+            "file",
+            "source_per_class",
+            "samples_per_class",
+            "unlabelled",
+        },
     )
+    unlabelled = _unlabelled("splits", sp.get("unlabelled", "non-test"))
     protocol = sp.get("protocol", "half")
     if protocol not in PROTOCOLS:
         raise _err("splits", f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
@@ -568,7 +630,7 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
 
     methods = _methods(raw.get("methods"))
     if not (src_space == tgt_space):
-        bad = [m.label for m in methods if m.method in SAME_SPACE_METHODS]
+        bad = [m.label for m in methods if m.method in SAME_SPACE_METHODS or m.select == "auto"]
         if bad:
             raise _err(
                 "methods",
@@ -624,10 +686,12 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
         source_per_class=spc_src,
         samples_per_class=spc,
         methods=methods,
+        unlabelled=unlabelled,
         cpus_per_trial=float(cpus),
         split_tasks=split_tasks,
         max_concurrent_trials=max_conc,
         gram_dir=gram_dir,
+        gram_precision=_gram_precision(raw),
         tracking_uri=tr.get("uri"),
         experiment=tr.get("experiment"),
         reference_source=rep.get("reference_source"),

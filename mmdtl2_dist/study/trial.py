@@ -27,6 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from mmdtl2_dist.core.methods import NEEDS_TEST_GRAM
 from mmdtl2_dist.study.baselines import skada_predict
 from mmdtl2_dist.study.plan import PairPlan, StudyPlan
 from mmdtl2_dist.study.plan import load_plan as read_plan
@@ -115,14 +116,35 @@ def _needed_rows(plan: StudyPlan, path: str) -> np.ndarray:
     return np.unique(np.concatenate(rows))
 
 
-#: Methods that need the test x test block (transductive steps).
-NEEDS_KQQ = ("mmdt_hoffman",)
+def unlabelled_pool(split: Split, labelled: np.ndarray, mode: str) -> np.ndarray:
+    """Target rows (split-local) a method may use without their labels, by ``mode``.
+
+    ``"non-test"``: the split's target training pool (every non-test target sample);
+    ``"all"``: also the test samples (transductive; their labels are never read);
+    ``"none"``: the labelled samples only.
+    """
+    if mode == "none":
+        return np.sort(labelled)
+    if mode == "all":
+        return np.union1d(split.target_pool, split.target_test)
+    if mode == "non-test":
+        return split.target_pool
+    raise ValueError(f"unlabelled must be 'non-test', 'all' or 'none', got {mode!r}.")
 
 
 def unit_blocks(
-    plan: StudyPlan, pair: PairPlan, split: Split, n: int, need_qq: bool = False
+    plan: StudyPlan,
+    pair: PairPlan,
+    split: Split,
+    n: int,
+    need_qq: bool = False,
+    unlabelled: str = "non-test",
 ) -> tuple[Blocks, dict]:
-    """Slice the blocks of one unit; also return the rows used (for feature methods)."""
+    """Slice the blocks of one unit; also return the rows used.
+
+    The rows serve the feature methods, and ``rows["pool"]`` is the unlabelled target
+    pool of ``unlabelled`` (:func:`unlabelled_pool`).
+    """
     t_local = labelled_subset(split, pair.y_target, n) if n > 0 else np.zeros(0, np.int64)
     s_local, q_local = split.source_train, split.target_test
     gs = dense_gram(pair.source_gram, _needed_rows(plan, pair.source_gram))
@@ -147,7 +169,7 @@ def unit_blocks(
         "source": s_local,
         "target": t_local,
         "test": q_local,
-        "pool": split.target_pool,
+        "pool": unlabelled_pool(split, t_local, unlabelled),
     }
 
 
@@ -207,12 +229,19 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
 
     method = trial["method"]
     t0 = time.perf_counter()
-    blocks, rows = unit_blocks(plan, pair, split, trial["n_per_class"], method in NEEDS_KQQ)
+    blocks, rows = unit_blocks(
+        plan, pair, split, trial["n_per_class"], method in NEEDS_TEST_GRAM,
+        trial.get("unlabelled", "non-test"),
+    )  # fmt: skip
     t1 = time.perf_counter()
     params, select = core_params(dict(trial["params"])), trial.get("select") or {}
-    chosen, cv_acc, cv_s = {}, None, 0.0
+    chosen, cv_acc, cv_s, auto = {}, None, 0.0, None
     if method in ("coral_svm", "sa_svm", "kmm_svm"):
         y_pred, info = _skada_unit(pair, rows, blocks, method, params)
+    elif select == "auto":
+        y_pred, info, auto = _auto_unit(plan, pair, rows, blocks, params)
+        chosen = {"auto": f"{auto['pick']}: {auto['label']}", "rule": auto["rule"]}
+        cv_s = info["select_s"]
     else:
         from mmdtl2_dist.core.methods import fit_predict
 
@@ -247,7 +276,39 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
         "info": {k: _plain(info[k]) for k in INFO_KEYS if k in info},
         "chosen": chosen,
         "cv_accuracy": cv_acc,
+        **({} if auto is None else {"auto": auto, "pool_size": auto["pool_size"]}),
     }
+
+
+def _auto_unit(plan: StudyPlan, pair: PairPlan, rows: dict, blocks: Blocks, params: dict):
+    """``select = "auto"`` on one unit (:func:`mmdtl2_dist.core.auto.fit_predict_auto`).
+
+    The prior's pool is the unit's source training samples and ``rows["pool"]`` (the
+    unlabelled target pool of the study's protocol) with the labelled ones; the test
+    samples are rows of the target Gram block too, so that they can be scored, but the
+    prior learns from them only when the protocol puts them in the pool (``"all"``).
+    """
+    from mmdtl2_dist.core.auto import fit_predict_auto
+    from mmdtl2_dist.core.priors import SamplePool
+
+    if not pair.shared:
+        raise ValueError(
+            f'select = "auto" needs source and target in one feature space; pair {pair.name} '
+            "maps one space to another. Use a fixed MMDTL2 configuration for it."
+        )
+    s_local, t_local, q_local = rows["source"], rows["target"], rows["test"]
+    U = np.union1d(np.union1d(rows["pool"], t_local), q_local)
+    gs = dense_gram(pair.source_gram, _needed_rows(plan, pair.source_gram))
+    gt = dense_gram(pair.target_gram, _needed_rows(plan, pair.target_gram))
+    s, u = pair.source_rows[s_local], pair.target_rows[U]
+    pool = SamplePool(
+        blocks.Kss, gt.block(u, u), gs.block(s, u), np.arange(len(s)),
+        np.searchsorted(U, t_local), np.searchsorted(U, q_local),
+    )  # fmt: skip
+    learn = np.r_[np.ones(len(s), bool), np.isin(U, np.union1d(rows["pool"], t_local))]
+    res, choice = fit_predict_auto(pool, blocks.ys, blocks.yt, params, learn=learn)
+    record = {k: v for k, v in choice.record().items() if k != "table"}
+    return res.y_pred, res.info, _plain(record)
 
 
 def trial_value(v, name: str):

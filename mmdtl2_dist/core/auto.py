@@ -1,0 +1,331 @@
+"""``select="auto"``: the selection rule frozen on development data, on Gram matrices.
+
+The rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data"; its version
+string :data:`AUTO_RULE` is recorded with every result it produces) picks MMDTL2's prior,
+prior weight and ``c_f`` among four candidates on one axis, how much to trust the source:
+
+- **D** (default): the shared-PCA prior ``W0 = P Pᵀ`` over the pool, ``d = min(4C, p − 1)``
+  (lowered to the rank of the centred pool if the features span fewer dimensions),
+  prior weight 0.5;
+- **T** (trust the target): the zero prior (identity prior at weight 0: the paper's
+  MMDTL2);
+- **S** (trust the source): the identity prior ``W0 = I`` at weight 1;
+- **F** (no validation possible): the shared-PCA prior, ``d = min(2C, p − 1)``, weight 1;
+
+each with ``c_f = 1`` and the caller's other MMDTL2 parameters (the core's defaults
+unless given). ``C`` is the number of classes (of the labelled source and target samples)
+and ``p`` the pool size.
+
+**The pool** (:class:`~mmdtl2_dist.core.priors.SamplePool`) is what the shared-PCA prior
+learns from, without labels: the labelled source samples and every target sample the
+caller provides (labelled, unlabelled and, only when the caller puts them there, the
+samples to be scored: the transductive protocol of the published methods).
+
+**The rule.** ``n`` is the smallest number of labelled target samples in a class. If
+``n < 2`` no fold can be formed: **F**, one fit (never silently the zero prior).
+Otherwise ``min(n, 3)`` per-class folds in canonical order
+(:func:`~mmdtl2_dist.core.selection.cv_folds`, fold ``j`` holds out the ``j``-th sample of
+every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, T and S are fitted
+on every fold and each held-out sample gets its multiclass hinge loss ``h``. For each
+alternative ``a`` in (T, S): ``g_a`` = mean over held-out samples of ``h_D − h_a``,
+``se_a`` = their standard deviation (``ddof=1``) / √(number held out). If some
+``g_a > se_a``, the alternative with the larger ``g_a`` (T on a tie); otherwise D. The
+pick is then refitted on all the labelled targets: ``3·min(n, 3) + 1`` fits at most.
+
+The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
+here, not parameters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
+from mmdtl2_dist.core.priors import PoolMap, SamplePool, pca_basis
+from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, cv_folds, sub_problem
+
+AUTO_RULE = "auto-2026-11-26"
+MAX_FOLDS = 3
+RULE_KEYS = ("prior", "prior_weight", "c_f")  # what the rule chooses; the caller sets the rest
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of the rule.
+
+    Its MMDTL2 parameters and, for a shared-PCA prior, the subspace dimension in units of
+    the class count (``d = min(k C, p − 1)``).
+    """
+
+    name: str
+    label: str
+    params: Mapping
+    pca_per_class: int | None
+
+
+_PCA, _IDENTITY = {"prior": "matrix", "c_f": 1.0}, {"prior": "identity", "c_f": 1.0}
+CANDIDATES = {
+    "D": Candidate("D", "shared PCA d=4C λ=0.5", {**_PCA, "prior_weight": 0.5}, 4),
+    "T": Candidate("T", "λ=0", {**_IDENTITY, "prior_weight": 0.0}, None),
+    "S": Candidate("S", "identity λ=1", {**_IDENTITY, "prior_weight": 1.0}, None),
+    "F": Candidate("F", "shared PCA d=2C", {**_PCA, "prior_weight": 1.0}, 2),
+}
+DEFAULT, ALTERNATIVES, NO_FOLDS = "D", ("T", "S"), "F"
+
+
+@dataclass
+class AutoChoice:
+    """What :func:`select_auto` chose, and why.
+
+    ``pick`` names a :data:`CANDIDATES` entry; ``params`` are the full MMDTL2 parameters
+    to fit it with; ``pca_dim`` and ``prior_map`` (the shared-PCA map over the pool, as
+    :class:`~mmdtl2_dist.core.priors.PoolMap`) are set for a shared-PCA pick. ``table``
+    has one row per fitted candidate (mean held-out hinge loss, gain over D and its
+    standard error). ``problem`` is the split's :class:`GramProblem` with the pick's prior
+    blocks, ready for the final fit.
+    """
+
+    pick: str
+    params: dict
+    pca_dim: int | None
+    prior_map: PoolMap | None
+    table: list[dict]
+    n_folds: int
+    n_per_class: int
+    pool_size: int
+    problem: GramProblem = field(repr=False)
+    rule: str = AUTO_RULE
+
+    def record(self) -> dict:
+        """The JSON-able provenance of the choice (rule version, pick, pool size, table)."""
+        return {
+            "rule": self.rule,
+            "pick": self.pick,
+            "label": CANDIDATES[self.pick].label,
+            "params": {k: self.params[k] for k in RULE_KEYS},
+            "pca_dim": self.pca_dim,
+            "n_folds": self.n_folds,
+            "n_per_class": self.n_per_class,
+            "pool_size": self.pool_size,
+            "table": self.table,
+        }
+
+
+def rule_params(cand: str, params: Mapping | None) -> dict:
+    """The caller's MMDTL2 ``params`` with the candidate's prior, weight and ``c_f``."""
+    chosen = sorted(set(params or {}) & set(RULE_KEYS))
+    if chosen:
+        raise ValueError(
+            f"select='auto' chooses {list(RULE_KEYS)} itself; remove {chosen} from the "
+            "parameters, or fit a fixed configuration without select='auto'."
+        )
+    return {**(params or {}), **CANDIDATES[cand].params}
+
+
+def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
+    """``d = min(k C, p − 1)`` of a shared-PCA candidate (None for the others)."""
+    k = CANDIDATES[cand].pca_per_class
+    return None if k is None else min(k * n_classes, pool_size - 1)
+
+
+def candidate_problem(pool: SamplePool, base: GramProblem, d: int | None, learn: np.ndarray):
+    """The split's problem with the shared-PCA prior of dimension ``d`` (or ``base``).
+
+    The PCA is over the pool rows ``learn`` (a mask of ``pool.Kyy``'s rows); the other
+    rows (samples scored but not learnt from) get zero coefficients, so the map is the
+    projection on the learnt subspace for every sample. ``d`` is lowered to the rank of
+    the centred learnt rows when they span fewer dimensions (features of fewer than ``d``
+    dimensions; never on the dev data).
+    """
+    if d is None:
+        return base, None
+    Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
+    basis = pca_basis(Kyy, d, what="pool samples", up_to=True)
+    A = np.zeros((len(learn), basis.A.shape[1]))
+    A[learn] = basis.A
+    pmap = PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
+    return pool.problem(base.ys, base.yt, pmap.blocks(pool)), pmap
+
+
+def held_out_hinge(params: Mapping, prob: GramProblem, folds) -> np.ndarray:
+    """Multiclass hinge loss of every held-out sample, folds in order."""
+    idx = np.arange(len(prob.yt))
+    out = []
+    for held in folds:
+        res = fit_predict("mmdtl2", params, sub_problem(prob, np.setdiff1d(idx, held), held))
+        out.append(_multiclass_hinge(res.scores, res.classes, prob.yt[held]))
+    return np.concatenate(out)
+
+
+def paired_gain(h_default: np.ndarray, h_alt: np.ndarray) -> tuple[float, float]:
+    """Mean of ``h_D − h_a`` over held-out samples and its standard error."""
+    diff = np.asarray(h_default, float) - np.asarray(h_alt, float)
+    if diff.size < 2:
+        return 0.0, float("inf")
+    return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
+
+
+def guarded_pick(hinge: Mapping[str, np.ndarray]) -> tuple[str, dict]:
+    """The rule's pick from the held-out hinge losses, and each alternative's ``(gain, se)``.
+
+    D unless an alternative's paired gain exceeds its standard error; then the larger
+    gain, the first listed on a tie.
+    """
+    best, best_gain, gains = DEFAULT, 0.0, {}
+    for alt in ALTERNATIVES:
+        gain, se = gains[alt] = paired_gain(hinge[DEFAULT], hinge[alt])
+        if gain > se and gain > best_gain:
+            best, best_gain = alt, gain
+    return best, gains
+
+
+def select_auto(
+    pool: SamplePool, ys, yt, params: Mapping | None = None, *, learn: np.ndarray | None = None
+) -> AutoChoice:
+    """The frozen rule (module docstring) on one split: the chosen configuration.
+
+    ``pool`` holds the Grams of every sample the prior may learn from and the rows of the
+    labelled source (``source_train``), labelled target (``target_train``) and scored
+    (``target_test``, may be empty) samples; ``ys``, ``yt`` their labels; ``params``
+    other MMDTL2 parameters (not the rule's :data:`RULE_KEYS`). ``learn``: a mask of the
+    pool's rows (source rows first, as ``pool.Kyy``) that the prior learns from, by
+    default all; rows outside it are only scored (e.g. test samples under an inductive
+    protocol).
+    """
+    pool.validate()
+    ys, yt = np.asarray(ys), np.asarray(yt)
+    if yt.size == 0:
+        raise ValueError(
+            "select='auto' needs labelled target samples; got none (use SourceSVM without them)."
+        )
+    base = pool.problem(ys, yt)
+    n_classes = len(np.unique(np.r_[ys, yt]))
+    learn = np.ones(pool.Kyy.shape[0], bool) if learn is None else np.asarray(learn, bool)
+    if learn.shape != (pool.Kyy.shape[0],):
+        raise ValueError(
+            f"learn must be a boolean mask of the pool's {pool.Kyy.shape[0]} rows, got shape "
+            f"{learn.shape}."
+        )
+    p = int(learn.sum())
+    folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
+    n_min = int(min(np.unique(yt, return_counts=True)[1]))
+    names = [DEFAULT, *ALTERNATIVES] if folds else [NO_FOLDS]
+    probs, maps, dims, hinge = {}, {}, {}, {}
+    for c in names:
+        probs[c], maps[c] = candidate_problem(pool, base, pca_dim(c, n_classes, p), learn)
+        dims[c] = None if maps[c] is None else maps[c].L.shape[1]
+        if folds:
+            hinge[c] = held_out_hinge(rule_params(c, params), probs[c], folds)
+    pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
+    table = [
+        {
+            "candidate": c,
+            "label": CANDIDATES[c].label,
+            "pca_dim": dims[c],
+            "cv_hinge": float(hinge[c].mean()) if c in hinge else None,
+            "gain_over_D": gains.get(c, (None, None))[0],
+            "se": gains.get(c, (None, None))[1],
+            "n_held_out": int(hinge[c].size) if c in hinge else 0,
+        }
+        for c in names
+    ]
+    return AutoChoice(
+        pick, rule_params(pick, params), dims[pick], maps[pick], table, len(folds), n_min, p,
+        probs[pick],
+    )  # fmt: skip
+
+
+def fit_predict_auto(
+    pool: SamplePool, ys, yt, params: Mapping | None = None, *, learn: np.ndarray | None = None
+) -> tuple[MethodResult, AutoChoice]:
+    """:func:`select_auto`, then the pick refitted on all the labelled targets.
+
+    Scores the pool's ``target_test`` rows; ``info["auto"]`` holds
+    :meth:`AutoChoice.record`, ``info["select_s"]`` the wall time of the selection and
+    ``info["n_fits"]`` the number of fits.
+    """
+    t0 = time.perf_counter()
+    choice = select_auto(pool, ys, yt, params, learn=learn)
+    t1 = time.perf_counter()
+    res = fit_predict("mmdtl2", choice.params, choice.problem)
+    res.info.update(
+        auto=choice.record(), select_s=t1 - t0, n_fits=len(choice.table) * choice.n_folds + 1
+    )
+    return res, choice
+
+
+class LowRankMap:
+    """A linear map ``B Cᵀ`` kept as its factors ``B`` (Ls, r) and ``C`` (Lt, r).
+
+    The shared-PCA prior ``W0 = P Pᵀ`` of a 64,896-d feature space would be a 34 GB
+    matrix; as factors it costs ``L·d``. Supports what the estimator's prior needs:
+    ``map @ M``, ``X @ map`` (numpy defers to :meth:`__rmatmul__`), ``.T``, scaling by a
+    number and :meth:`dense` (only for small dimensions).
+    """
+
+    __array_ufunc__ = None  # make ``ndarray @ LowRankMap`` call __rmatmul__
+
+    def __init__(self, B: np.ndarray, C: np.ndarray):
+        self.B, self.C = B, C
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.B.shape[0], self.C.shape[0]
+
+    @property
+    def T(self) -> LowRankMap:
+        return LowRankMap(self.C, self.B)
+
+    def __matmul__(self, M: np.ndarray) -> np.ndarray:
+        return self.B @ (self.C.T @ M)
+
+    def __rmatmul__(self, X: np.ndarray) -> np.ndarray:
+        return (X @ self.B) @ self.C.T
+
+    def __mul__(self, mu: float) -> LowRankMap:
+        return LowRankMap(float(mu) * self.B, self.C)
+
+    __rmul__ = __mul__
+
+    def dense(self) -> np.ndarray:
+        return self.B @ self.C.T
+
+
+def feature_pool(Xs: np.ndarray, Xt: np.ndarray, Xu: np.ndarray | None) -> SamplePool:
+    """The pool of preprocessed features: labelled source rows and every target row given.
+
+    Target rows: the labelled ``Xt`` first, then the unlabelled ``Xu``; nothing is scored.
+    """
+    Yt = Xt if Xu is None or len(Xu) == 0 else np.vstack([Xt, Xu])
+    return SamplePool(
+        Xs @ Xs.T, Yt @ Yt.T, Xs @ Yt.T, np.arange(len(Xs)), np.arange(len(Xt)), np.arange(0)
+    )
+
+
+def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None):
+    """:func:`select_auto` on preprocessed features, and the pick's prior in feature form.
+
+    Returns ``(choice, W0)``: ``W0`` is ``None`` for an identity-prior pick (T, S) and the
+    shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
+    ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
+    :func:`~mmdtl2_dist.core.priors.pca_basis`), so that the feature-form fit equals the
+    Gram-form one.
+    """
+    if Xs.shape[1] != Xt.shape[1]:
+        raise ValueError(
+            f"select='auto' needs source and target in one feature space (its priors compare "
+            f"the two devices' features), got {Xs.shape[1]} and {Xt.shape[1]} dimensions; "
+            "use select=None with prior='zero' or prior='matrix' and a map W0."
+        )
+    pool = feature_pool(Xs, Xt, Xu)
+    choice = select_auto(pool, ys, yt, params)
+    if choice.prior_map is None:
+        return choice, None
+    parts = [Xs, Xt] + ([] if Xu is None or len(Xu) == 0 else [Xu])
+    A, start = choice.prior_map.L, np.cumsum([0] + [len(X) for X in parts])
+    P = sum(X.T @ A[a:b] for X, a, b in zip(parts, start[:-1], start[1:], strict=True))
+    return choice, LowRankMap(P, P)

@@ -1,0 +1,113 @@
+"""A cost model of a Gram job: predicted wall time from the plan and measured rates.
+
+Each tile task reads its rows' features and multiplies them, then writes one Gram chunk:
+
+* an off-diagonal tile of ``T`` rows reads ``2 T L b`` bytes and does ``2 T² L`` flops;
+  a diagonal tile reads ``T L b`` bytes and does ``T² L`` (the symmetric product);
+* it writes ``T² · 8`` bytes and costs a fixed ``task_overhead_s`` (scheduling, opening
+  arrays, the marker).
+
+A task takes ``flops / r + bytes_read / s + bytes_written / s + overhead``, with ``r``
+the product rate of one worker (flop/s: one BLAS thread, or one GPU) and ``s`` the rate
+at which one worker reads and decodes features (bytes/s: storage, CRC32C,
+decompression and the cast). The tiles are dealt to ``W`` workers in the plan's order
+(off-diagonal first, :func:`~mmdtl2_dist.engine.plan.gram_tile_plan`), each to the
+worker free first, as Ray does; the prediction is when the last worker finishes, plus
+``startup_s`` (starting or connecting to Ray). With few tiles per worker the makespan,
+not the total work, sets the time: 3 tiles on 2 workers take two tiles' time.
+
+Calibrate ``r`` with one worker's product on a tile-sized block and ``s`` with one
+worker's read of a feature block (``benchmarks/bench_gram.py`` does both); on a cluster,
+measure ``s`` on the shared storage the store is on, with as many readers as workers.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from mmdtl2_dist.engine.plan import gram_tile_plan
+
+
+def predict_gram_seconds(
+    n: int,
+    n_features: int,
+    workers: int,
+    flops_per_s: float,
+    read_bytes_per_s: float,
+    tile_rows: int = 2048,
+    itemsize: int = 4,
+    task_overhead_s: float = 0.01,
+    startup_s: float = 0.0,
+) -> dict:
+    """Predicted wall time of the Gram of ``n`` samples of ``n_features`` features.
+
+    Parameters
+    ----------
+    n, n_features : int
+        Gram rows and feature dimension ``L``.
+    workers : int
+        Tasks running at once (one per worker: a CPU with one BLAS thread, or a GPU).
+    flops_per_s : float
+        Product rate of one worker.
+    read_bytes_per_s : float
+        Feature bytes one worker reads and decodes per second (while the others do too).
+    tile_rows : int
+        Rows per tile (``T``).
+    itemsize : int
+        Bytes per stored feature.
+    task_overhead_s, startup_s : float
+        Fixed cost of one task and of the job.
+
+    Returns
+    -------
+    dict
+        ``seconds`` (predicted wall time), ``compute_seconds`` and ``io_seconds`` (summed
+        over tasks), ``tiles``, ``busy_workers`` and ``balance`` (total work / (workers ×
+        makespan): 1 when the tiles divide evenly).
+    """
+    if workers < 1 or flops_per_s <= 0 or read_bytes_per_s <= 0:
+        raise ValueError("need workers >= 1 and positive rates.")
+    tiles = gram_tile_plan(n, min(tile_rows, n))
+    compute = io = 0.0
+    durations = []
+    for t in tiles:
+        rows_a, rows_b = t.a1 - t.a0, t.b1 - t.b0
+        flops = (1.0 if t.diagonal else 2.0) * rows_a * rows_b * n_features
+        read = (rows_a + (0 if t.diagonal else rows_b)) * n_features * itemsize
+        c, i = flops / flops_per_s, (read + 8.0 * rows_a * rows_b) / read_bytes_per_s
+        compute, io = compute + c, io + i
+        durations.append(c + i + task_overhead_s)
+    free = [0.0] * min(workers, len(tiles))
+    for d in durations:  # each tile to the worker free first, in plan order
+        heapq.heappush(free, heapq.heappop(free) + d)
+    makespan = max(free)
+    return {
+        "seconds": startup_s + makespan,
+        "compute_seconds": compute,
+        "io_seconds": io,
+        "tiles": len(tiles),
+        "busy_workers": len(free),
+        "balance": sum(durations) / (workers * makespan) if makespan > 0 else 1.0,
+    }
+
+
+def workers_for(
+    seconds: float, n: int, n_features: int, flops_per_s: float, read_bytes_per_s: float, **kw
+) -> int | None:
+    """Fewest workers whose predicted time is at most ``seconds`` (a cluster's size).
+
+    None when even one worker per tile is too slow (smaller tiles would be needed).
+    """
+    tiles = len(gram_tile_plan(n, min(kw.get("tile_rows", 2048), n)))
+    lo, hi = 1, max(1, tiles)
+    most = predict_gram_seconds(n, n_features, hi, flops_per_s, read_bytes_per_s, **kw)
+    if most["seconds"] > seconds:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        t = predict_gram_seconds(n, n_features, mid, flops_per_s, read_bytes_per_s, **kw)
+        if t["seconds"] <= seconds:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -1,0 +1,175 @@
+"""The block products of a Gram tile, in numpy (CPU) or torch (GPU, or torch's CPU device).
+
+A tile accumulates ``G += A Bᵀ`` over the feature blocks of its rows, in a fixed order,
+into a float64 accumulator. Two precisions:
+
+``"float64"`` (exact, the default)
+    Each block is converted to float64 and multiplied in float64 (BLAS ``dgemm``, or
+    ``dsyrk`` for a diagonal tile, which computes half the entries).
+``"mixed"``
+    Each block stays in float32 (the width features are stored in) and is multiplied in
+    float32 over sub-blocks of :data:`MIXED_SPAN` features; each sub-block's float32
+    product is added to the float64 accumulator. Every rounding in float32 happens inside
+    one sub-block, so the error of an entry is bounded by the sub-block width, not by
+    the feature dimension ``L``:
+
+    * worst case, whatever the summation order the BLAS picks inside a sub-block,
+      ``|Ĝ_ij - G_ij| <= γ_k (|X| |Y|ᵀ)_ij`` with ``γ_k = k u / (1 - k u)``,
+      ``k = MIXED_SPAN + 1`` roundings per term and ``u = 2⁻²⁴`` (float32 unit
+      roundoff), plus float64 terms of order ``L 2⁻⁵³`` — see :func:`mixed_error_bound`;
+    * for nonnegative features (CNN activations after ReLU), ``|X||Y|ᵀ = G``, so this
+      is a bound on the relative error of every entry. Rounding errors of opposite
+      signs cancel in practice (Higham & Mary, *A new approach to probabilistic
+      rounding error analysis*, SIAM J. Sci. Comput. 2019: ``λ √k u`` with high
+      probability), and the measured error on nonnegative conv3-like features is a few
+      1e-8 relative (``tests/test_gram_precision.py``, BENCHMARKS.md).
+
+The torch products (:class:`TorchProduct`) run the same arithmetic on a torch device;
+torch is imported only for them (:func:`import_torch`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmdtl2_dist.engine.timing import PhaseTimer
+
+PRECISIONS = ("float64", "mixed")
+#: Features per float32 product in mixed precision (the error bound grows with it).
+MIXED_SPAN = 1024
+#: Unit roundoff of float32 and float64.
+U32, U64 = 2.0**-24, 2.0**-53
+
+TORCH_MISSING = (
+    "Gram tiles on a torch device ({device}) need PyTorch, which is not installed here; "
+    "install it with pip install '.[images]' (or pip install torch), or leave out "
+    "--gpus/--device to compute the Gram with numpy on the CPU."
+)
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"precision must be one of {PRECISIONS}, got {precision!r}: 'float64' is the "
+            "exact Gram, 'mixed' multiplies in float32 and accumulates in float64."
+        )
+    return precision
+
+
+def mixed_error_bound(n_features: int, span: int = MIXED_SPAN) -> float:
+    """Worst-case bound on ``|Ĝ - G| / (|X||Y|ᵀ)`` entrywise, for mixed precision.
+
+    ``γ_k`` for the ``k = span + 1`` float32 roundings a term meets inside its sub-block
+    (the product, then at most ``span`` additions), plus ``γ_m`` in float64 for the
+    conversion and the ``m = ceil(L / span) + 1`` additions across sub-blocks.
+    """
+    k = min(span, n_features) + 1
+    m = -(-n_features // span) + 1
+    return k * U32 / (1 - k * U32) + m * U64 / (1 - m * U64)
+
+
+def import_torch(device: str):
+    """Import torch for tiles on ``device``, or say how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(TORCH_MISSING.format(device=device)) from None
+    return torch
+
+
+class NumpyProduct:
+    """The float64 accumulator of one tile and its block products, in numpy."""
+
+    device = "numpy"
+
+    def __init__(self, shape: tuple[int, int], precision: str, timer: PhaseTimer):
+        self.G = np.zeros(shape)
+        self.mixed = precision == "mixed"
+        self.dtype = np.float32 if self.mixed else np.float64
+        self.timer = timer
+        self._buf: np.ndarray | None = None
+        self._cast_bufs: dict[str, np.ndarray] = {}
+
+    def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
+        """``x`` in the dtype its products use (``x`` itself when it already is).
+
+        A conversion goes into a buffer of this tile that the next block of the same
+        ``slot`` (``"a"``: the tile's first rows, ``"b"``: its second) reuses: no fresh
+        allocation (page faults, zeroing) per block, half the time of ``astype``.
+        """
+        if x.dtype == self.dtype:
+            return x
+        buf = self._cast_bufs.get(slot)
+        if buf is None or buf.size < x.size:
+            buf = self._cast_bufs[slot] = np.empty(x.size, dtype=self.dtype)
+        out = buf[: x.size].reshape(x.shape)
+        np.copyto(out, x)
+        return out
+
+    def add(self, A: np.ndarray, B: np.ndarray | None = None) -> None:
+        """``G += A Bᵀ`` (``B`` None: ``A Aᵀ``, the symmetric product, half the flops)."""
+        with self.timer.phase("product"):
+            if not self.mixed:
+                self.G += A @ (A if B is None else B).T  # A @ A.T is BLAS syrk
+                return
+            if self._buf is None:
+                self._buf = np.empty(self.G.shape, dtype=np.float32)
+            for k0 in range(0, A.shape[1], MIXED_SPAN):
+                a = A[:, k0 : k0 + MIXED_SPAN]
+                b = a if B is None else B[:, k0 : k0 + MIXED_SPAN]
+                np.matmul(a, b.T, out=self._buf)
+                self.G += self._buf
+
+    def result(self) -> np.ndarray:
+        return self.G
+
+
+class TorchProduct:
+    """:class:`NumpyProduct`'s arithmetic on a torch device (GPU, or ``"cpu"``)."""
+
+    def __init__(self, shape, precision: str, timer: PhaseTimer, device: str):
+        self.torch = import_torch(device)
+        self.device = str(device)
+        self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
+        self.mixed = precision == "mixed"
+        self.timer = timer
+
+    def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
+        """``x`` as it goes to the device: float32 stays float32 (half the bytes to copy).
+
+        Exact mode converts it to float64 on the device.
+        """
+        return x.astype(np.float32, copy=False) if self.mixed or x.dtype != np.float64 else x
+
+    def _to_device(self, x: np.ndarray):
+        torch = self.torch
+        with self.timer.phase("transfer"):
+            t = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        return t.to(torch.float32 if self.mixed else torch.float64)
+
+    def add(self, A: np.ndarray, B: np.ndarray | None = None) -> None:
+        a = self._to_device(A)
+        b = a if B is None else self._to_device(B)
+        with self.timer.phase("product"):
+            if not self.mixed:
+                self.G.addmm_(a, b.T)
+            else:
+                for k0 in range(0, a.shape[1], MIXED_SPAN):
+                    part = a[:, k0 : k0 + MIXED_SPAN] @ b[:, k0 : k0 + MIXED_SPAN].T
+                    self.G += part
+            self._sync()
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            self.torch.cuda.synchronize()
+
+    def result(self) -> np.ndarray:
+        with self.timer.phase("transfer"):
+            return self.G.cpu().numpy()
+
+
+def tile_product(shape, precision: str, timer: PhaseTimer, device: str | None):
+    """The product of a tile: numpy on the CPU (``device`` None), else torch on it."""
+    if device is None:
+        return NumpyProduct(shape, precision, timer)
+    return TorchProduct(shape, precision, timer, device)

@@ -1,0 +1,155 @@
+"""``select="auto"``: the frozen selection rule of ``core/auto.py``.
+
+The rule was frozen on the dev splits of ``benchmarks/bench_rule_dev.py`` (seed 2027) and
+its picks and accuracies recorded in ``benchmarks/results/rule_dev_frozen.json`` by the
+benchmark-side prototype. The reproduction tests rebuild three of those Office-Caltech10
+SURF splits here (bundled data; the split generator is the benchmark's, re-typed) and
+check the product's pick, test accuracy and held-out hinge losses against the recorded
+values: one split per branch of the rule (F without folds, S and T moved to by the guard).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mmdtl2_dist.core.auto import (
+    AUTO_RULE,
+    CANDIDATES,
+    LowRankMap,
+    fit_predict_auto,
+    guarded_pick,
+    paired_gain,
+    rule_params,
+    select_auto,
+)
+from mmdtl2_dist.core.preprocessing import fit_preprocessing
+from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain
+from mmdtl2_dist.estimators import MMDTL2
+
+DEV_SEED = 2027
+# (source, target, split, labelled per class): recorded pick, accuracy, mean held-out hinge
+RECORDED = {
+    ("webcam", "dslr", 0, 1): ("F", 0.673469387755102, {}),
+    ("webcam", "dslr", 0, 3): (
+        "S", 0.7086614173228346,
+        {"D": 0.7457993499288251, "T": 0.9145240616847672, "S": 0.6364428942891064},
+    ),
+    ("amazon", "dslr", 2, 3): (
+        "T", 0.5748031496062992,
+        {"D": 0.9136731610585155, "T": 0.8857878943685834, "S": 1.093538026136547},
+    ),
+}  # fmt: skip
+
+
+def _surf(name):
+    dom = load_domain(name)
+    return fit_preprocessing(dom.X, "l2_zscore").transform(dom.X), dom.y
+
+
+def dev_split(source, target, k, n_lab):
+    """The dev split of ``bench_rule_dev.split_rows`` as a pool: the split's source rows
+    and the whole target domain; its labels and the test labels."""
+    Xs, ys_all = _surf(source)
+    Xt, yt_all = _surf(target)
+    rng = np.random.default_rng([DEV_SEED, SHIFTS.index((source, target)), k])
+    ns = 8 if source in ("webcam", "dslr") else 20
+    src = np.concatenate(
+        [rng.choice(np.flatnonzero(ys_all == c), ns, replace=False) for c in np.unique(ys_all)]
+    )
+    lab = np.concatenate(
+        [rng.choice(np.flatnonzero(yt_all == c), n_lab, replace=False) for c in np.unique(yt_all)]
+    )
+    test = np.setdiff1d(np.arange(len(yt_all)), lab)
+    Xs = Xs[src]
+    pool = SamplePool(Xs @ Xs.T, Xt @ Xt.T, Xs @ Xt.T, np.arange(len(src)), lab, test)
+    return pool, ys_all[src], yt_all[lab], yt_all[test]
+
+
+@pytest.mark.parametrize("split", list(RECORDED), ids=lambda s: f"{s[0][0]}{s[1][0]}{s[2]}n{s[3]}")
+def test_auto_reproduces_recorded_dev_picks(split):
+    pool, ys, yt, yq = dev_split(*split)
+    pick, acc, hinge = RECORDED[split]
+    res, choice = fit_predict_auto(pool, ys, yt)
+    assert choice.pick == pick
+    assert np.mean(res.y_pred == yq) == pytest.approx(acc, abs=1e-12)
+    got = {row["candidate"]: row["cv_hinge"] for row in choice.table if row["cv_hinge"]}
+    assert got == pytest.approx(hinge, rel=1e-6)
+    rec = res.info["auto"]
+    assert rec["rule"] == AUTO_RULE and rec["pool_size"] == pool.Kyy.shape[0]
+    assert res.info["n_fits"] == (1 if pick == "F" else 10)
+
+
+def test_guard_needs_gain_above_its_standard_error():
+    h_d = np.array([1.0, 1.0, 1.0, 1.0])
+    assert guarded_pick({"D": h_d, "T": h_d + 0.1, "S": h_d - 0.1 * np.r_[1, -1, 1, -1]})[0] == "D"
+    # both alternatives clear the guard: the larger gain wins
+    pick, gains = guarded_pick({"D": h_d, "T": h_d - 0.2, "S": h_d - 0.3})
+    assert pick == "S" and gains["S"][0] == pytest.approx(0.3)
+    assert paired_gain(np.r_[1.0], np.r_[0.0]) == (0.0, np.inf)
+
+
+def test_one_label_per_class_takes_the_fold_free_prior_not_the_zero_prior():
+    pool, ys, yt, _ = dev_split("webcam", "dslr", 0, 1)
+    choice = select_auto(pool, ys, yt)
+    assert choice.pick == "F" and choice.params["prior_weight"] == 1.0
+    assert choice.pca_dim == 20 and choice.n_folds == 0
+
+
+def test_rule_parameters_cannot_be_overridden():
+    with pytest.raises(ValueError, match=r"select='auto' chooses .*remove \['c_f'\]"):
+        rule_params("D", {"c_f": 0.1})
+    assert rule_params("T", {"c_t": 2.0}) == {"c_t": 2.0, **CANDIDATES["T"].params}
+
+
+def auto_devices(seed=0, K=3, L=20, N=30, per_class=3, U=40, Q=30):
+    """Two devices in one 20-d space: source, labelled target, unlabelled target, test."""
+    rng = np.random.default_rng(seed)
+    mu = rng.standard_normal((K, L)) * 1.5
+    T = np.eye(L) + 0.4 * rng.standard_normal((L, L))
+    ys = np.arange(N) % K
+    yt = np.repeat(np.arange(K), per_class)
+    yu, yq = rng.integers(0, K, U), rng.integers(0, K, Q)
+    Xs = mu[ys] + rng.standard_normal((N, L))
+    Xt, Xu, Xq = ((mu[y] @ T + 0.3 + rng.standard_normal((len(y), L))) for y in (yt, yu, yq))
+    return Xs, ys, Xt, yt, Xu, Xq, yq
+
+
+def gram_pool(Xs, Xt, Xu):
+    """The estimator's pool in Gram form, its unlabelled rows scored (transductive)."""
+    Yt = np.vstack([Xt, Xu])
+    M = len(Xt)
+    return SamplePool(
+        Xs @ Xs.T, Yt @ Yt.T, Xs @ Yt.T, np.arange(len(Xs)), np.arange(M), M + np.arange(len(Xu))
+    )
+
+
+@pytest.mark.parametrize("per_class", [1, 3])
+def test_estimator_auto_equals_the_core_rule_in_gram_form(per_class):
+    """Feature form (P = Yᵀ A as factors) == Gram form (prior blocks of the pool's Gram)."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(per_class=per_class)
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert est.auto_["pick"] == choice.pick and est.auto_["rule"] == AUTO_RULE
+    assert est.auto_["pool_size"] == len(Xs) + len(Xt) + len(Xu)
+    assert est.n_unlabelled_target_ == len(Xu)
+    np.testing.assert_allclose(est.decision_function(Xu), res.scores, rtol=1e-7, atol=1e-8)
+
+
+def test_estimator_auto_shared_pca_transform_is_the_explicit_w():
+    Xs, ys, Xt, yt, Xu, Xq, _ = auto_devices(per_class=1)
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    assert est.auto_["pick"] == "F" and isinstance(est._prior[0], LowRankMap)
+    W = est.transform_matrix()
+    np.testing.assert_allclose(est.transform(Xq), Xq @ W[:, :-1].T + W[:, -1], atol=1e-9)
+    scores = est.transform(Xq) @ est.coef_source_.T + est.intercept_
+    np.testing.assert_allclose(est.decision_function(Xq), scores, rtol=1e-8, atol=1e-9)
+
+
+def test_estimator_auto_refuses_two_feature_spaces_and_a_user_map():
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices()
+    with pytest.raises(ValueError, match="select='auto' needs source and target in one"):
+        MMDTL2(select="auto").fit_domains(Xs[:, :10], ys, Xt, yt)
+    with pytest.raises(ValueError, match="select='auto' chooses the prior itself"):
+        MMDTL2(select="auto", prior="matrix", W0=np.eye(20)).fit_domains(Xs, ys, Xt, yt)

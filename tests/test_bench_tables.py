@@ -1,0 +1,133 @@
+"""The final-table harnesses of benchmarks/ (deep features, Hoffman's splits), tiny runs.
+
+They live in the checkout, not in the package: these tests import the scripts from
+``benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # worker processes unpickle its functions by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def deep():
+    return _script("bench_deep_table")
+
+
+def test_recommended_column_gets_the_test_features_unlabelled_never_their_labels(deep, monkeypatch):
+    from mmdtl2_dist import estimators
+
+    seen = {}
+
+    class Spy:
+        def __init__(self, **params):
+            seen["params"] = params
+
+        def fit(self, X, y, *, sample_domain):
+            seen.update(X=X, y=y, sd=sample_domain)
+            return self
+
+        def predict(self, X):
+            seen["Xq"] = X
+            return np.ones(len(X), dtype=int)
+
+    monkeypatch.setattr(estimators, "Spy", Spy, raising=False)
+    Xs, ys, Xl, yl, Xq, yq = deep.split_data("decaf6", "webcam", "dslr", 0)
+    y_pred = deep.estimator_predict("Spy", {"select": "auto"}, Xs, ys, Xl, yl, Xq)
+    assert seen["params"] == {"select": "auto"} and len(y_pred) == len(yq)
+    n_s, n_l = len(ys), len(yl)
+    assert len(seen["y"]) == n_s + n_l + len(Xq)
+    np.testing.assert_array_equal(seen["y"][: n_s + n_l], np.concatenate([ys, yl]))
+    assert np.all(seen["y"][n_s + n_l :] == -1)  # the test rows: unlabelled
+    assert np.all(seen["sd"][:n_s] == 1) and np.all(seen["sd"][n_s:] == -1)
+    np.testing.assert_array_equal(seen["X"][n_s + n_l :], Xq)
+    # Hoffman's sizes: 8 source images per class from webcam, 3 labelled per class.
+    assert (n_s, n_l, len(Xq)) == (80, 30, 157 - 30)
+
+
+def test_unknown_recommended_estimator_names_the_fix(deep):
+    with pytest.raises(ValueError, match=r"no 'NoSuch'.*--recommended 'CLASS:\{json params\}'"):
+        deep.estimator_predict("NoSuch", {}, *([np.zeros((2, 2))] * 2 + [None] * 3))
+
+
+def test_deep_table_writes_markdown_and_json(deep, tmp_path):
+    out = tmp_path / "deep"
+    argv = ["--splits", "2", "--feature-sets", "decaf6", "--columns", "source SVM",
+            "target SVM", "--out", str(out)]  # fmt: skip
+    assert deep.main(argv) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert set(res["acc"]) == {"decaf6 W→D", "decaf6 D→W"}
+    assert all(len(v) == 2 for cell in res["acc"].values() for v in cell.values())
+    assert res["meta"]["seed"] == 2028
+    text = out.with_suffix(".md").read_text()
+    assert "| shifts within one SE of max(source, target) |" in text
+    assert "'source SVM'" in text  # the command as it can be pasted
+
+
+def test_deep_table_refuses_a_bad_recommended_spec(deep):
+    with pytest.raises(SystemExit, match="must be a JSON object"):
+        deep.main(["--recommended", "MMDTL2:{select: auto}", "--splits", "2"])
+
+
+@pytest.fixture(scope="module")
+def final():
+    return _script("office_final_table")
+
+
+def test_recommended_office_column_is_found_by_its_auto_selection(final):
+    cols = [
+        {"label": "source SVM", "method": "source_svm"},
+        {"label": "MMDTL2 CV-selected", "method": "mmdtl2", "select": {"prior_weight": [0.0]}},
+        {"label": "MMDTL2 (auto)", "method": "mmdtl2", "params": {"select": "auto"}},
+    ]
+    assert final.recommended_label(cols) == "MMDTL2 (auto)"
+    assert final.recommended_label([*cols[:2], {"label": "x", "select": "auto"}]) == "x"
+    with pytest.raises(SystemExit, match=r"no office column is marked.*name it with --column"):
+        final.recommended_label(cols[:2])
+
+
+def test_final_office_table_runs_mmdtl2_office_and_counts_shifts_below(final, tmp_path):
+    out = tmp_path / "final"
+    argv = ["--column", "MMDTL2 identity prior", "--trials", "2", "--shifts", "dslr-webcam",
+            "amazon-dslr", "--workers", "2", "--out", str(out), "--office-out",
+            str(tmp_path / "office")]  # fmt: skip
+    assert final.main(argv) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert [r["shift"] for r in res["rows"]] == ["amazon-dslr", "dslr-webcam"]
+    for r in res["rows"]:
+        assert r["max"] == max(r["source SVM"], r["target SVM"]) and r["splits"] == 2
+        assert r["MMDTL2 identity prior"]["gap"] == pytest.approx(
+            r["MMDTL2 identity prior"]["mean"] - r["max"]
+        )
+    s = res["summary"]["MMDTL2 identity prior"]
+    below = [r["shift"] for r in res["rows"] if r["MMDTL2 identity prior"]["gap"] < -1.0]
+    assert s["more_than_1_point_below"] == below
+    text = out.with_suffix(".md").read_text()
+    assert f"shifts more than 1 point below max(source, target): **{len(below)}/2**" in text
+    assert "12-shift mean" not in text and "2-shift mean" in text
+    assert "targets: not judged (2 shifts x 2 splits; they need 12 x 20)" in text
+    # The same table from the office run's folder, without running it again.
+    office = tmp_path / "office"
+    again = tmp_path / "again"
+    argv2 = ["--column", "MMDTL2 identity prior", "--office-out", str(office), "--out", str(again)]
+    assert final.main(argv2) == 0
+    assert json.loads(again.with_suffix(".json").read_text())["rows"] == res["rows"]
+    with pytest.raises(SystemExit, match=r"no column 'MMDTL2 RBF'; they have \["):
+        final.main(["--column", "MMDTL2 RBF", "--office-out", str(office), "--out", str(again)])

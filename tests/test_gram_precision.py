@@ -1,0 +1,260 @@
+"""The Gram engine's precision, devices, timing and cost model.
+
+Mixed precision (float32 products summed in float64) against the exact Gram, the torch
+tile path on torch's CPU device against the numpy path, the per-tile timing breakdown,
+and the cost model. Most run in-process (no Ray, seconds); the ``ray`` ones run the same
+tasks on a local Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmdtl2_dist.engine import IN_PROCESS, GramStore, compute_gram, gram_tile_plan
+from mmdtl2_dist.engine.cost import predict_gram_seconds, workers_for
+from mmdtl2_dist.engine.products import MIXED_SPAN, mixed_error_bound
+from mmdtl2_dist.engine.timing import PHASES
+from mmdtl2_dist.store import CorruptChunkError, FeatureStore, SyntheticSpec, make_synthetic_store
+
+L_CNN = 3 * MIXED_SPAN + 200  # several float32 sub-blocks, and a partial one
+
+
+@pytest.fixture(scope="module")
+def cnn_store(tmp_path_factory):
+    """Nonnegative, sparse conv-like features (ReLU activations), two devices."""
+    path = tmp_path_factory.mktemp("cnn") / "cnn.zarr"
+    spec = SyntheticSpec(n_source=150, n_target=90, dim=L_CNN, seed=3)
+    make_synthetic_store(path, spec)
+    fs = FeatureStore.open(path)
+    X = np.concatenate([fs.read(d, "conv3") for d in fs.devices_in("conv3")]).astype(np.float64)
+    assert (X >= 0).all() and (X == 0).mean() > 0.3
+    return path, X @ X.T, np.abs(X) @ np.abs(X).T
+
+
+def _gram(store, out, **kw):
+    return compute_gram(store, "conv3", out, address=IN_PROCESS, progress=False, **kw)
+
+
+# ---------------------------------------------------------------- mixed precision ----
+def test_mixed_precision_error_is_bounded_on_cnn_features(cnn_store, tmp_path):
+    store, ref, absref = cnn_store
+    G = _gram(store, tmp_path / "mixed", precision="mixed", tile_rows=64).to_numpy()
+    err = np.abs(G - ref)
+    # The worst-case bound holds entry by entry (|X||X|ᵀ = G for nonnegative features).
+    bound = mixed_error_bound(L_CNN)
+    assert (err <= bound * absref).all()
+    assert 1e-5 < bound < 1e-4  # k u with k = MIXED_SPAN + 1 roundings per term
+    # Measured: rounding errors cancel, far inside the worst case and the 1e-6 target.
+    assert err.max() / np.abs(ref).max() <= 1e-6
+    assert (err / absref).max() <= 1e-6
+    assert err.max() > 0  # it is float32 arithmetic: not the exact Gram
+
+
+def test_mixed_gram_is_never_taken_for_the_exact_one(cnn_store, tmp_path):
+    store, ref, _ = cnn_store
+    grams = tmp_path / "grams"
+    mixed = compute_gram(store, "conv3", gram_dir=grams, precision="mixed", address=IN_PROCESS)
+    exact = compute_gram(store, "conv3", gram_dir=grams, address=IN_PROCESS)
+    assert not exact.reused and exact.path != mixed.path
+    assert (mixed.precision, exact.precision) == ("mixed", "float64")
+    assert mixed.key.split("__")[1] == "none-mixed" and exact.key.split("__")[1] == "none"
+    assert np.array_equal(exact.to_numpy(), _gram(store, tmp_path / "x").to_numpy())
+    again = compute_gram(store, "conv3", gram_dir=grams, precision="mixed", address=IN_PROCESS)
+    assert again.reused and again.path == mixed.path
+    # The same exact folder is refused for the other precision, naming it.
+    with pytest.raises(ValueError, match=r"precision.*'mixed', 'float64'"):
+        compute_gram(store, "conv3", mixed.path, address=IN_PROCESS)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        compute_gram(store, "conv3", tmp_path / "y", precision="float16")
+
+
+def test_a_gram_stored_without_precision_is_the_exact_one(cnn_store, tmp_path):
+    """Gram stores whose job.json has no ``precision`` are exact: reused, and resumed."""
+    store, ref, _ = cnn_store
+    out = tmp_path / "g"
+    _gram(store, out, tile_rows=64)
+    job = json.loads((out / "job.json").read_text())
+    del job["precision"]
+    (out / "job.json").write_text(json.dumps(job))
+    assert GramStore.open(out).precision == "float64"
+    assert _gram(store, out).reused
+    (out / "tiles" / "0_1.json").unlink()  # an interrupted job of such a store
+    (out / "job.json").write_text(json.dumps({**job, "complete": False}))
+    resumed = _gram(store, out)
+    assert resumed.last_run["computed"] == 1 and resumed.precision == "float64"
+    np.testing.assert_allclose(resumed.to_numpy(), ref, rtol=1e-12)
+
+
+def test_lost_feature_chunk_is_named_after_the_product(tmp_path):
+    """Inputs are checked on the finished tile (a NaN reaches its whole row), not per block:
+    a lost chunk (read as NaN, the fill value) is still named, and nothing is written."""
+    store = tmp_path / "s.zarr"
+    make_synthetic_store(store, SyntheticSpec(n_source=40, n_target=0, dim=64, seed=1))
+    array = FeatureStore.open(store).array_path("source", "conv3")
+    (Path(array) / "c" / "0" / "0").unlink()
+    with pytest.raises(CorruptChunkError, match=r"chunk\(s\) \(0, 0\)"):
+        _gram(store, tmp_path / "g")
+    assert not list((tmp_path / "g" / "tiles").iterdir())
+
+
+# --------------------------------------------------------------- torch tiles (CPU) ---
+def test_torch_tiles_equal_the_numpy_tiles(cnn_store, tmp_path):
+    pytest.importorskip("torch")
+    store, ref, absref = cnn_store
+    exact = _gram(store, tmp_path / "n", tile_rows=64, preprocessing="l2_zscore").to_numpy()
+    on_torch = _gram(store, tmp_path / "t", tile_rows=64, preprocessing="l2_zscore", device="cpu")
+    np.testing.assert_allclose(on_torch.to_numpy(), exact, rtol=0, atol=1e-12 * np.abs(exact).max())
+    assert on_torch.last_run["device"] == "cpu"
+    assert {w["device"] for w in on_torch.last_run["timing"]["workers"].values()} == {"cpu"}
+    mixed = _gram(store, tmp_path / "m", tile_rows=64, precision="mixed", device="cpu")
+    assert (np.abs(mixed.to_numpy() - ref) <= mixed_error_bound(L_CNN) * absref).all()
+    assert np.abs(mixed.to_numpy() - ref).max() / np.abs(ref).max() <= 1e-6
+
+
+def test_torch_tiles_repair_a_damaged_tile(cnn_store, tmp_path):
+    """Resumability is the tiles' markers and hashes, whatever device computed them."""
+    pytest.importorskip("torch")
+    store, _, _ = cnn_store
+    out = tmp_path / "g"
+    first = _gram(store, out, tile_rows=64, device="cpu").to_numpy()
+    tile = gram_tile_plan(240, 64)[0]
+    chunk = out / "gram" / "c" / str(tile.i) / str(tile.j)
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    again = _gram(store, out, device="cpu")
+    assert [r.split()[1] for r in again.last_run["repaired"]] == [tile.key]
+    assert again.last_run["computed"] == 1
+    assert np.array_equal(again.to_numpy(), first)
+
+
+def test_missing_torch_is_named_with_the_install_command(tmp_path):
+    """Without torch, GPU tiles are refused before anything starts, saying what to install."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch"] = None  # `import torch` raises ImportError
+        from mmdtl2_dist.engine import IN_PROCESS, compute_gram
+        from mmdtl2_dist.store import SyntheticSpec, make_synthetic_store
+        make_synthetic_store({str(tmp_path / "s.zarr")!r}, SyntheticSpec(8, 0, dim=16))
+        for kw in ({{"gpus": 1}}, {{"device": "cpu", "address": IN_PROCESS}}):
+            try:
+                compute_gram({str(tmp_path / "s.zarr")!r}, "conv3", progress=False, **kw)
+            except ImportError as exc:
+                print("ERR", exc)
+        gs = compute_gram({str(tmp_path / "s.zarr")!r}, "conv3", address=IN_PROCESS)
+        print("numpy tiles without torch:", gs.complete)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    errors = [line for line in done.stdout.splitlines() if line.startswith("ERR")]
+    assert len(errors) == 2
+    for line in errors:
+        assert "need PyTorch" in line and "pip install '.[images]'" in line
+    assert "(cuda)" in errors[0] and "(cpu)" in errors[1]
+    assert "numpy tiles without torch: True" in done.stdout  # torch is optional
+
+
+def test_bad_device_and_gpus_are_refused(cnn_store, tmp_path):
+    pytest.importorskip("torch")
+    store, _, _ = cnn_store
+    with pytest.raises(ValueError, match="not a torch device.*'cuda', 'cuda:N' or 'cpu'"):
+        _gram(store, tmp_path / "g", device="gpu0")
+    with pytest.raises(ValueError, match="gpus must be 0 or more"):
+        _gram(store, tmp_path / "g", gpus=-1)
+    with pytest.raises(ValueError, match="sees only the GPU Ray gives it.*not 'cuda:1'"):
+        _gram(store, tmp_path / "g", gpus=2, device="cuda:1")
+
+
+# ------------------------------------------------------------------------ timing -----
+def test_timing_breakdown_per_tile_and_worker(cnn_store, tmp_path):
+    store, _, _ = cnn_store
+    gs = _gram(store, tmp_path / "g", tile_rows=64)
+    timing = gs.last_run["timing"]
+    tiles = gram_tile_plan(240, 64)
+    assert timing["tiles"] == len(tiles)
+    assert set(PHASES) <= set(timing["phases"])
+    assert timing["phases"]["product"] > 0 and timing["phases"]["read"] > 0
+    assert sum(timing["phases"].values()) == pytest.approx(timing["busy_seconds"], rel=1e-6)
+    (worker,) = timing["workers"].values()  # in-process: one worker, every tile
+    assert worker["tiles"] == len(tiles) and worker["device"] == "numpy"
+    assert 0 < worker["utilisation"] <= 1.0 + 1e-6
+    marker = json.loads((gs.path / "tiles" / f"{tiles[0].key}.json").read_text())
+    assert marker["timing"]["total"] >= marker["timing"]["product"] > 0
+
+
+@pytest.mark.ray
+def test_timing_names_each_ray_worker(ray_local, cnn_store, tmp_path):
+    store, ref, _ = cnn_store
+    gs = compute_gram(store, "conv3", tmp_path / "g", tile_rows=32, progress=False)
+    timing = gs.last_run["timing"]
+    assert sum(w["tiles"] for w in timing["workers"].values()) == timing["tiles"]
+    assert len(timing["workers"]) >= 2  # the tiles ran in several worker processes
+    # Ray gives a one-CPU task one BLAS thread (OMP_NUM_THREADS): no oversubscription.
+    assert {w["blas_threads"] for w in timing["workers"].values()} == {1}
+    assert timing["max_wait_seconds"] >= 0
+    np.testing.assert_allclose(gs.to_numpy(), ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
+
+
+# -------------------------------------------------------------------- cost model -----
+def test_cost_model_follows_the_tile_schedule():
+    r, s = 1e10, 1e9
+    # 2,000 rows in tiles of 1,024: one off-diagonal and two diagonal tiles, which two
+    # workers share evenly (2 : 1 + 1), so the makespan is one off-diagonal tile.
+    one = predict_gram_seconds(2000, 1000, 1, r, s, tile_rows=1024, task_overhead_s=0)
+    two = predict_gram_seconds(2000, 1000, 2, r, s, tile_rows=1024, task_overhead_s=0)
+    assert one["tiles"] == two["tiles"] == 3
+    assert one["seconds"] == pytest.approx(one["compute_seconds"] + one["io_seconds"])
+    assert one["compute_seconds"] == pytest.approx(2000**2 * 1000 / r, rel=0.01)
+    assert two["balance"] > 0.95 and one["seconds"] / two["seconds"] > 1.9
+    # More workers than tiles do not help: the largest tile sets the time.
+    three = predict_gram_seconds(2000, 1000, 3, r, s, tile_rows=1024, task_overhead_s=0)
+    four = predict_gram_seconds(2000, 1000, 4, r, s, tile_rows=1024, task_overhead_s=0)
+    assert four["seconds"] == three["seconds"] and four["busy_workers"] == 3
+    assert three["seconds"] == pytest.approx((2 * 1024 * 976 * 1000) / r + 2000 * 4000 / s, rel=0.1)
+    # Sizing a cluster: the fewest workers that meet a deadline.
+    big = dict(flops_per_s=3e10, read_bytes_per_s=2e8)
+    w = workers_for(600, 50_000, 64_896, **big)
+    assert predict_gram_seconds(50_000, 64_896, w, **big)["seconds"] <= 600
+    assert predict_gram_seconds(50_000, 64_896, w - 1, **big)["seconds"] > 600
+    assert workers_for(1.0, 50_000, 64_896, **big) is None
+    with pytest.raises(ValueError, match="positive rates"):
+        predict_gram_seconds(10, 10, 0, r, s)
+
+
+# ------------------------------------------------------------------ study specs ------
+def _spec_raw(store, **gram):
+    raw = {
+        "study": {"name": "s"},
+        "data": {"store": str(store), "space": "conv3", "pairs": "all"},
+        "splits": {"protocol": "half", "samples_per_class": [1]},
+        "methods": [{"method": "mmdtl2"}],
+    }
+    if gram:
+        raw["gram"] = gram
+    return raw
+
+
+def test_study_spec_chooses_the_gram_precision(cnn_store, tmp_path):
+    from mmdtl2_dist.study.runner import compute_grams
+    from mmdtl2_dist.study.spec import SpecError, parse_spec
+
+    store, _, _ = cnn_store
+    assert parse_spec(_spec_raw(store), output=tmp_path).gram_precision == "float64"
+    spec = parse_spec(_spec_raw(store, precision="mixed"), output=tmp_path)
+    assert spec.gram_precision == "mixed"
+    with pytest.raises(SpecError, match=r"\[gram\] precision must be one of.*'float16'"):
+        parse_spec(_spec_raw(store, precision="float16"), output=tmp_path)
+    with pytest.raises(SpecError, match=r"\[gram\] unknown key\(s\) \['gpus'\]"):
+        parse_spec(_spec_raw(store, gpus=1), output=tmp_path)
+    raw = _spec_raw(store, precision="mixed")
+    raw["data"]["gram_dir"] = str(tmp_path / "grams")
+    spec = parse_spec(raw, output=tmp_path)
+    (path,) = compute_grams(spec, store, address=IN_PROCESS, progress=False).values()
+    assert GramStore.open(path).precision == "mixed" and "-mixed__" in path
