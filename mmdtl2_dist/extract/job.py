@@ -318,7 +318,7 @@ def _workers(ray, opt: ExtractOptions, n_todo: int) -> tuple[int, dict, str]:
 
 def _run_shards(todo, shards, spec, pre, ex, opt: ExtractOptions) -> float:
     """Run the shards ``todo`` on Ray actors; return the seconds the workers spent in them."""
-    from mmdtl2_dist.engine.driver import ensure_ray
+    from mmdtl2_dist.engine import ensure_ray
     from mmdtl2_dist.extract.shards import ShardWorker
 
     ray, owned = ensure_ray(opt.address, opt.workers)
