@@ -96,9 +96,19 @@ def test_image_model_scores_equal_feature_model_scores(walked, capsys):
         want = feat.predict(X)
         pd.testing.assert_frame_equal(got, want)
         pd.testing.assert_frame_equal(b64, want)
-    assert mv.tags["input"] == "images" and mv.tags["extractor_weights"] == "random:0"
     prov = FeatureStore.open(root / "store.zarr").provenance["extraction"]
-    assert mv.tags["extractor_weights_sha256"] == prov["weights"]["sha256"]
+    with use_tracking_uri(uri):
+        client = mlflow.MlflowClient()
+        mv_feat = client.get_model_version_by_alias("feat", "champion")
+        study_run = client.search_runs(
+            [client.get_experiment_by_name("mmdtl2-images_demo").experiment_id],
+            "tags.mmdtl2_role = 'parent'",
+        )
+    assert mv.tags["input"] == "images" and "input" not in mv_feat.tags
+    for tags in (mv.tags, mv_feat.tags, study_run[0].data.tags):
+        assert tags["extractor_weights"] == "random:0"
+        assert tags["extractor_weights_sha256"] == prov["weights"]["sha256"]
+        assert tags["extractor"] == "alexnet:conv5->conv5"
     config = img.model_config
     assert config["extractor"]["layer"] == "conv5" and config["extractor"]["n_features"] == 43264
     with pytest.raises(Exception, match="cannot read the image in row 1: not an image file"):
