@@ -310,3 +310,37 @@ def test_manifest_groups_class_names_and_unlabelled_rows(tmp_path):
         ValueError, match=r"the manifest lacks the column\(s\) \['path', 'device'\]"
     ):
         read_images(tmp_path / "bad.csv")
+
+
+BLOCK_TORCH = """
+import sys
+
+
+class BlockTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchvision"):
+            raise ImportError(f"No module named {name!r}")
+        return None
+
+
+sys.meta_path.insert(0, BlockTorch())
+"""
+
+
+def test_without_torch_extract_says_how_to_install_and_synth_images_works(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TORCH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+
+    def run(*args):
+        cmd = [sys.executable, "-m", "mmdtl2_dist.cli", *map(str, args)]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    res = run("synth-images", tmp_path / "imgs", "--n-source", 1, "--n-target", 1)
+    assert res.returncode == 0, res.stderr
+    res = run("extract", tmp_path / "imgs", tmp_path / "s.zarr")
+    assert res.returncode == 2
+    assert "images need torch and torchvision" in res.stderr
+    assert (
+        "pip install -e '.[images]'" in res.stderr and "download.pytorch.org/whl/cpu" in res.stderr
+    )
