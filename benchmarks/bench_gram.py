@@ -291,7 +291,8 @@ def throughput(args) -> dict:
             configure_logging=False,
         )
         try:
-            _engine(store, work / "warm", tile_rows=256, max_in_flight=2)  # start workers
+            # Start the workers (and import torch and open the device in them).
+            _engine(store, work / "warm", tile_rows=256, max_in_flight=2, device=args.device)
             runs = _engine_runs(args, store, work, ref, n)
         finally:
             ray.shutdown()
@@ -341,6 +342,11 @@ def _ratios(result: dict, flops: float) -> None:
                 "engine_2_workers_vs_numpy": base / two["seconds"],
                 "scaling_2_vs_1_worker": one["seconds"] / two["seconds"],
             }
+            device_rate = result["calibration"].get(f"device_flops_per_s_{precision}")
+            if device_rate:  # tiles on a torch device: against its own matmul
+                ratios[precision]["engine_1_worker_vs_device_matmul"] = (
+                    flops / one["seconds"] / device_rate
+                )
     result["ratios"] = ratios
 
 
@@ -367,6 +373,12 @@ def _print_throughput(result: dict, flops: float, repeat: int) -> None:
         print(
             f"{precision}: engine (2 workers) / numpy {base}: "
             f"{q['engine_2_workers_vs_numpy']:.0%}; 2 vs 1 worker {q['scaling_2_vs_1_worker']:.2f}x"
+            + (
+                f"; engine (1 worker) / the device's own matmul on the same blocks: "
+                f"{q['engine_1_worker_vs_device_matmul']:.0%}"
+                if "engine_1_worker_vs_device_matmul" in q
+                else ""
+            )
         )
     for label, r in result["engine"].items():
         print(f"where the time goes, {label}:\n{format_timing(r['timing'])}")
@@ -395,7 +407,8 @@ def cost_model(result: dict) -> dict:
     cal = result["calibration"]
     runs = {}
     for label, r in result["engine"].items():
-        rate = cal[f"flops_per_s_{r['precision']}"]
+        precision = r["precision"]
+        rate = cal.get(f"device_flops_per_s_{precision}", cal[f"flops_per_s_{precision}"])
         pred = predict_gram_seconds(
             n, L, r["workers"], rate, cal["read_bytes_per_s"], tile_rows=r["tile_rows"]
         )
@@ -473,6 +486,7 @@ def big(args) -> dict:
         )
         run = {
             "gram_seconds": t,
+            "tile_phase_seconds": gs.last_run["timing"]["wall_seconds"],
             "predicted_seconds": pred["seconds"],
             "gram_peak_rss_gb": mem.peak / 2**30,
             "tile_rows": gs.tile_rows,
@@ -485,7 +499,8 @@ def big(args) -> dict:
         result["runs"][precision] = run
         print(
             f"\nGram of {args.n} x {args.dim} float32 ({result['feature_bytes'] / 1e9:.1f} GB), "
-            f"{precision}: {t:.0f} s (predicted {pred['seconds']:.0f} s), "
+            f"{precision}: {t:.0f} s, of which tiles {run['tile_phase_seconds']:.0f} s (predicted "
+            f"{pred['seconds']:.0f} s; the rest is starting Ray), "
             f"{run['gflops']:.1f} GFLOP/s, peak RSS of the job (driver + Ray) "
             f"{run['gram_peak_rss_gb']:.2f} GB, spot-check rel. err {err:.1e}\n"
             + format_timing(gs.last_run["timing"])

@@ -45,9 +45,11 @@ def stored_runs() -> tuple[dict, dict]:
     return {**acc, **cv["acc"]}, cv["chosen"]
 
 
-def config_key(method: str, params: dict, select: dict) -> str:
-    """A column's full configuration: method, every parameter, the CV grid."""
-    grid = [dict(zip(select, v, strict=True)) for v in itertools.product(*select.values())]
+def config_key(method: str, params: dict, select: dict | str) -> str:
+    """A column's full configuration: method, every parameter, the CV grid (or "auto")."""
+    grid = select if isinstance(select, str) else [
+        dict(zip(select, v, strict=True)) for v in itertools.product(*select.values())
+    ]  # fmt: skip
     full = {**default_params(method), **core_params(params)} if method in _CORE else params
     return json.dumps([method, full, grid], sort_keys=True, default=str)
 

@@ -47,6 +47,22 @@ def test_throughput_reports_timing_prediction_and_load(tmp_path):
     assert "predicted" in done.stdout
 
 
+@pytest.mark.ray
+def test_big_reports_memory_time_and_prediction_per_precision(tmp_path):
+    argv = ["big", "--n", "200", "--dim", "600", "--precision", "float64,mixed"]
+    argv += ["--workdir", str(tmp_path / "w"), "--out", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((tmp_path / "gram_big.json").read_text())
+    assert set(res["runs"]) == {"float64", "mixed"}
+    for precision, run in res["runs"].items():
+        assert run["gram_peak_rss_gb"] > 0 and run["predicted_seconds"] > 0
+        assert run["spot_check_max_rel_err"] < (1e-12 if precision == "float64" else 1e-6)
+        assert run["last_run"]["timing"]["tiles"] == run["last_run"]["computed"]
+
+
 def test_load_monitor_flags_a_competing_process(bench, tmp_path):
     """A CPU-bound process outside the benchmark's own process tree makes the run noisy."""
     flag = tmp_path / "burning"

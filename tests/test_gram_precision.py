@@ -172,6 +172,17 @@ def test_bad_device_and_gpus_are_refused(cnn_store, tmp_path):
         _gram(store, tmp_path / "g", gpus=2, device="cuda:1")
 
 
+def test_gpus_without_a_gpu_are_refused_before_anything_starts(cnn_store, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    store, _, _ = cnn_store
+    for kw in ({"gpus": 1}, {"device": "cuda", "address": IN_PROCESS}):
+        with pytest.raises(RuntimeError, match=r"need a CUDA GPU.*--device cpu"):
+            compute_gram(store, "conv3", tmp_path / "g", progress=False, **kw)
+        assert not (tmp_path / "g").exists()
+
+
 # ------------------------------------------------------------------------ timing -----
 def test_timing_breakdown_per_tile_and_worker(cnn_store, tmp_path):
     store, _, _ = cnn_store
@@ -258,3 +269,67 @@ def test_study_spec_chooses_the_gram_precision(cnn_store, tmp_path):
     spec = parse_spec(raw, output=tmp_path)
     (path,) = compute_grams(spec, store, address=IN_PROCESS, progress=False).values()
     assert GramStore.open(path).precision == "mixed" and "-mixed__" in path
+
+
+@pytest.mark.ray
+def test_cli_gram_in_mixed_precision_on_torch_cpu(ray_local, cnn_store, tmp_path, capsys):
+    """`mmdtl2 gram --precision mixed --device cpu`: its own key, timing in the progress."""
+    pytest.importorskip("torch")
+    import argparse
+
+    from mmdtl2_dist.commands import gram as gram_cmd
+
+    store, ref, absref = cnn_store
+    parser = argparse.ArgumentParser()
+    gram_cmd.register(parser.add_subparsers())
+    argv = ["gram", str(store), "--gram-dir", str(tmp_path / "grams"), "--preprocessing"]
+    argv += ["none", "--precision", "mixed", "--device", "cpu", "--tile-rows", "64"]
+    args = parser.parse_args([*argv, "--progress"])
+    assert args.func(args) == 0
+    out = capsys.readouterr()
+    assert "precision 'mixed'" in out.out and "conv3__none-mixed__" in out.out
+    assert "busy" in out.err and "utilisation" in out.err  # where the time went
+    (path,) = (p for p in (tmp_path / "grams").iterdir() if p.is_dir())
+    G = GramStore.open(path).to_numpy()
+    assert (np.abs(G - ref) <= mixed_error_bound(L_CNN) * absref).all()
+
+
+@pytest.mark.ray
+def test_killed_torch_worker_does_not_change_the_result(ray_local, cnn_store, tmp_path):
+    """SIGKILL of a Ray worker inside a torch tile: Ray retries it, the bits stay the same."""
+    pytest.importorskip("torch")
+    import os
+    import signal
+    import threading
+    import time
+
+    import psutil
+    from slow_tiles import slow_gram_tiles
+
+    store, _, _ = cnn_store
+    kw = dict(tile_rows=64, device="cpu", precision="mixed", progress=False)
+    clean = compute_gram(store, "conv3", tmp_path / "clean", **kw)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    result = {}
+
+    def run():
+        try:
+            result["gs"] = compute_gram(store, "conv3", tmp_path / "g", **kw)
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            result["error"] = exc
+
+    th = threading.Thread(target=run)
+    with slow_gram_tiles(probe, delay=1.5):
+        th.start()
+        deadline = time.monotonic() + 120
+        while not list(probe.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tile_key, pid = sorted(probe.iterdir())[0].name.rsplit(".", 1)
+        os.kill(int(pid), signal.SIGKILL)
+        th.join(timeout=300)
+    assert not th.is_alive() and "error" not in result, result.get("error")
+    assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == "zombie"
+    assert len([p for p in probe.iterdir() if p.name.startswith(tile_key + ".")]) >= 2
+    assert np.array_equal(result["gs"].to_numpy(), clean.to_numpy())
+    assert result["gs"].last_run["device"] == "cpu"

@@ -31,7 +31,7 @@ from mmdtl2_dist.engine.plan import (
     plan_summary,
     task_memory_bytes,
 )
-from mmdtl2_dist.engine.products import check_precision, import_torch
+from mmdtl2_dist.engine.products import check_device, check_precision
 from mmdtl2_dist.engine.ray_session import task_runner
 from mmdtl2_dist.engine.scheduling import run_tasks
 from mmdtl2_dist.engine.statistics import load_stats, stats_pass
@@ -276,13 +276,7 @@ def _tile_device(gpus: int, device: str | None, address: str | None) -> str | No
     if device is None:
         return None
     if address is None or address == IN_PROCESS:
-        torch = import_torch(device)
-        try:
-            torch.device(device)
-        except (RuntimeError, ValueError) as exc:
-            raise ValueError(
-                f"device {device!r} is not a torch device ({exc}); use 'cuda', 'cuda:N' or 'cpu'."
-            ) from None
+        check_device(device)
     return str(device)
 
 

@@ -30,6 +30,9 @@ torch is imported only for them (:func:`import_torch`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 
 from mmdtl2_dist.engine.timing import PhaseTimer
@@ -68,12 +71,40 @@ def mixed_error_bound(n_features: int, span: int = MIXED_SPAN) -> float:
     return k * U32 / (1 - k * U32) + m * U64 / (1 - m * U64)
 
 
+NO_GPU = (
+    "Gram tiles on {device} need a CUDA GPU, and torch finds none on {host} "
+    "(torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only torch); run "
+    "on a machine with a GPU, or use --device cpu, or leave out --gpus/--device."
+)
+
+
 def import_torch(device: str):
     """Import torch for tiles on ``device``, or say how to install it."""
     try:
         import torch
     except ImportError:
         raise ImportError(TORCH_MISSING.format(device=device)) from None
+    return torch
+
+
+def check_device(device: str):
+    """Import torch and check that ``device`` is a torch device this machine has.
+
+    Returns the torch module. Raises ImportError (torch missing), ValueError (not a
+    device name) or RuntimeError (a CUDA device without a usable GPU), each saying what
+    to do.
+    """
+    torch = import_torch(device)
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(
+            f"device {device!r} is not a torch device ({exc}); use 'cuda', 'cuda:N' or 'cpu'."
+        ) from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        import socket
+
+        raise RuntimeError(NO_GPU.format(device=device, host=socket.gethostname()))
     return torch
 
 
@@ -125,14 +156,25 @@ class NumpyProduct:
 
 
 class TorchProduct:
-    """:class:`NumpyProduct`'s arithmetic on a torch device (GPU, or ``"cpu"``)."""
+    """:class:`NumpyProduct`'s arithmetic on a torch device (GPU, or ``"cpu"``).
+
+    On a GPU the products are queued without waiting for them: the task reads and
+    converts the next feature block on the host while the device multiplies (the copy
+    to the device then waits for the device's previous work, in stream order). The
+    ``product`` phase is then the device's own time, measured with CUDA events, which
+    overlaps the host's ``read`` and ``cast``; the final copy back waits for the last
+    product. On torch's CPU device every step runs in turn, as with numpy.
+    """
 
     def __init__(self, shape, precision: str, timer: PhaseTimer, device: str):
-        self.torch = import_torch(device)
+        with timer.phase("setup"):  # the first tile of a worker imports torch, opens the device
+            self.torch = check_device(device)
+            self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
         self.device = str(device)
-        self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
+        self.cuda = self.device.startswith("cuda")
         self.mixed = precision == "mixed"
         self.timer = timer
+        self._events: list = []
 
     def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
         """``x`` as it goes to the device: float32 stays float32 (half the bytes to copy).
@@ -142,30 +184,46 @@ class TorchProduct:
         return x.astype(np.float32, copy=False) if self.mixed or x.dtype != np.float64 else x
 
     def _to_device(self, x: np.ndarray):
-        torch = self.torch
         with self.timer.phase("transfer"):
-            t = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
-        return t.to(torch.float32 if self.mixed else torch.float64)
+            return self.torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
 
     def add(self, A: np.ndarray, B: np.ndarray | None = None) -> None:
+        """``G += A Bᵀ`` on the device (``B`` None: ``A Aᵀ``)."""
         a = self._to_device(A)
         b = a if B is None else self._to_device(B)
-        with self.timer.phase("product"):
+        with self._product_time():
+            dtype = self.torch.float32 if self.mixed else self.torch.float64
+            a = a.to(dtype)
+            b = a if B is None else b.to(dtype)
             if not self.mixed:
                 self.G.addmm_(a, b.T)
-            else:
-                for k0 in range(0, a.shape[1], MIXED_SPAN):
-                    part = a[:, k0 : k0 + MIXED_SPAN] @ b[:, k0 : k0 + MIXED_SPAN].T
-                    self.G += part
-            self._sync()
+                return
+            for k0 in range(0, a.shape[1], MIXED_SPAN):
+                self.G += a[:, k0 : k0 + MIXED_SPAN] @ b[:, k0 : k0 + MIXED_SPAN].T
 
-    def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            self.torch.cuda.synchronize()
+    @contextmanager
+    def _product_time(self) -> Iterator[None]:
+        """Host time on the CPU device; a pair of CUDA events (read at the end) on a GPU."""
+        if not self.cuda:
+            with self.timer.phase("product"):
+                yield
+            return
+        start = self.torch.cuda.Event(enable_timing=True)
+        end = self.torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self._events.append((start, end))
 
     def result(self) -> np.ndarray:
+        """The tile in float64 on the host (waits for the device's last product)."""
         with self.timer.phase("transfer"):
-            return self.G.cpu().numpy()
+            G = self.G.cpu().numpy()
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            ms = sum(start.elapsed_time(end) for start, end in self._events)
+            self.timer.seconds["product"] += ms / 1000.0
+        return G
 
 
 def tile_product(shape, precision: str, timer: PhaseTimer, device: str | None):

@@ -3,6 +3,8 @@
 Every tile task measures its phases with a :class:`PhaseTimer` and returns them in its
 marker (``marker["timing"]``):
 
+``setup``
+    Importing torch and opening the device, the first time a worker process needs them.
 ``read``
     Zarr reads of the feature blocks: file I/O, CRC32C check, decompression.
 ``check``
@@ -14,7 +16,8 @@ marker (``marker["timing"]``):
 ``transfer``
     Host → device copies (GPU tiles only).
 ``product``
-    The block products and their accumulation.
+    The block products and their accumulation (on a GPU: the device's time, which
+    overlaps the host phases, so the phases can add up to more than the task's time).
 ``write``
     Writing the Gram chunk (CRC32C encode, file write).
 ``digest``
@@ -37,7 +40,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-PHASES = ("read", "check", "cast", "transfer", "product", "write", "digest")
+PHASES = ("setup", "read", "check", "cast", "transfer", "product", "write", "digest")
 
 
 class PhaseTimer:
