@@ -134,8 +134,9 @@ def column_predict(column: tuple, Xs, ys, Xl, yl, Xq) -> np.ndarray:
     if kind == "core":
         prob = GramProblem.from_features(Xs, ys, Xl, yl, Xq, test_gram=False)
         return np.asarray(fit_predict(method, params, prob).y_pred)
-    if kind == "skada":
-        return skada_predict(method, params, Xs, ys, Xl, yl, Xq)[0]
+    if kind == "skada":  # transductive, as the papers: the test features in the pool
+        pool, masked = np.vstack([Xl, Xq]), np.r_[yl, np.full(len(Xq), -1, dtype=np.int64)]
+        return skada_predict(method, params, Xs, ys, pool, masked, Xq)[0]
     return estimator_predict(method, params, Xs, ys, Xl, yl, Xq)
 
 
@@ -206,11 +207,11 @@ def format_table(summary: dict, names: list[str], splits: int) -> str:
             cells.append(f"{s['max_source_target']:.1f}")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     cols = summary["columns"]
-    ref = [f"{np.mean([s['max_source_target'] for s in summary['shifts'].values()]):.1f}"]
+    ref = ""
+    if has_ref:
+        ref = f" {np.mean([s['max_source_target'] for s in summary['shifts'].values()]):.1f} |"
     lines.append(
-        "| **mean** | "
-        + " | ".join(f"**{cols[c]['mean']:.1f}**" for c in names)
-        + (f" | {ref[0]} |" if has_ref else " |")
+        "| **mean** | " + " | ".join(f"**{cols[c]['mean']:.1f}**" for c in names) + " |" + ref
     )
     if has_ref:
         n = len(summary["shifts"])

@@ -16,10 +16,14 @@ shifts more than 1 point below max(source, target) and the number more than one 
 error below it, and the issue's targets (12-shift mean ≥ 56.0 %, no shift more than 1
 point below). Writes ``benchmarks/results/office_final.md`` and ``.json`` (or ``--out``).
 
-The recommended column is ``--column LABEL``, or else the one column of
-``mmdtl2_dist.office.COLUMNS`` whose selection is ``"auto"`` (``select = "auto"`` as an
-entry or a parameter) or whose label says "recommended". ``--also`` adds other office
-columns to the table (their means and gaps, no targets).
+``--study DIR`` reads a finished study on the same splits instead, e.g. the main job's
+``mmdtl2 study run studies/office_caltech10.toml --output DIR`` (its ``results/*.json``),
+which has the recommended column, source and target SVM and the fair skada baselines.
+
+The recommended column is ``--column LABEL``, or else the one column (of
+``mmdtl2_dist.office.COLUMNS``, or of the study) whose selection is ``"auto"``
+(``select = "auto"`` as an entry or a parameter) or whose label says "recommended".
+``--also`` adds other columns to the table (their means and gaps, no targets).
 """
 
 from __future__ import annotations
@@ -63,6 +67,25 @@ def recommended_label(columns=COLUMNS) -> str:
             f"{found}); name it with --column, one of {labels}."
         )
     return found[0]
+
+
+def study_results(folder: Path) -> tuple[dict, list[dict]]:
+    """``(acc, columns)`` of a finished study folder: accuracies keyed ``"s-t|label"`` in
+    split order (as ``mmdtl2 office --out`` writes them) and each column's entry."""
+    payloads = [json.loads(p.read_text()) for p in sorted((folder / "results").glob("*.json"))]
+    if not payloads:
+        raise SystemExit(
+            f"{folder} has no results/*.json: pass the --output folder of a finished "
+            "`mmdtl2 study run` (or `mmdtl2 study resume` it first)."
+        )
+    acc: dict = {}
+    for p in payloads:
+        for u in sorted(p["units"], key=lambda u: (u["pair"], u["split"])):
+            acc.setdefault(f"{u['pair'].replace('->', '-')}|{p['label']}", []).append(u["accuracy"])
+    columns = [
+        {"label": p["label"], "select": p.get("select"), "params": p["params"]} for p in payloads
+    ]
+    return acc, columns
 
 
 def per_shift(acc: dict, label: str) -> dict:
@@ -164,8 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         help="`mmdtl2 office --out` folder: read if it holds results, else the run is kept "
         "there (default: a temporary folder, removed)",
     )
+    ap.add_argument("--study", type=Path, default=None, help="a finished study's output folder")
     ap.add_argument("--out", type=Path, default=None, help="output prefix (.md and .json)")
     args = ap.parse_args(argv)
+    if args.study is not None:
+        acc, columns = study_results(args.study)
+        label = args.column or recommended_label(columns)
+        return _write(final_table(acc, label, args.also), args, argv, None)
     label = args.column or recommended_label()
     with contextlib.ExitStack() as stack:
         office_out = args.office_out or Path(
@@ -179,17 +207,20 @@ def main(argv: list[str] | None = None) -> int:
             if cli(command) != 0:
                 return 1
         results = json.loads((office_out / "office_caltech10.json").read_text())
-    table = final_table(results["acc"], label, args.also)
-    mine = shlex.join(
-        ["python", "benchmarks/office_final_table.py", *(sys.argv[1:] if argv is None else argv)]
-    )
+        return _write(final_table(results["acc"], label, args.also), args, argv, results)
+
+
+def _write(table: dict, args, argv, results: dict | None) -> int:
+    """Print the table and write it as markdown and JSON."""
+    argv = sys.argv[1:] if argv is None else argv
+    mine = shlex.join(["python", "benchmarks/office_final_table.py", *argv])
     text = f"# `{mine}`\n\n" + format_final(table) + "\n"
     print(text)
     out = args.out or ROOT / "benchmarks" / "results" / "office_final"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     table["command"] = mine
-    table["wall_s"] = results.get("wall_s")
+    table["wall_s"] = None if results is None else results.get("wall_s")
     out.with_suffix(".json").write_text(json.dumps(table, indent=1))
     return 0
 

@@ -131,3 +131,35 @@ def test_final_office_table_runs_mmdtl2_office_and_counts_shifts_below(final, tm
     assert json.loads(again.with_suffix(".json").read_text())["rows"] == res["rows"]
     with pytest.raises(SystemExit, match=r"no column 'MMDTL2 RBF'; they have \["):
         final.main(["--column", "MMDTL2 RBF", "--office-out", str(office), "--out", str(again)])
+
+
+def test_final_table_reads_a_study_and_finds_its_auto_column(final, tmp_path):
+    """The main job's study (source/target SVM, ``select = "auto"``) gives the same table."""
+    study = tmp_path / "study" / "results"
+    study.mkdir(parents=True)
+    accs = {"source SVM": (0.40, 0.50), "target SVM": (0.45, 0.40), "MMDTL2 auto": (0.47, 0.48)}
+    for i, (label, (a, b)) in enumerate(accs.items()):
+        units = [
+            {"pair": pair, "split": k, "accuracy": acc + 0.01 * k}
+            for pair, acc in (("amazon->webcam", a), ("webcam->dslr", b))
+            for k in (1, 0)  # stored out of order: read in split order
+        ]
+        payload = {"label": label, "params": {}, "select": "auto" if i == 2 else {}, "units": units}
+        (study / f"{i}.json").write_text(json.dumps(payload))
+    out = tmp_path / "final"
+    assert final.main(["--study", str(tmp_path / "study"), "--out", str(out)]) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert res["label"] == "MMDTL2 auto"
+    rows = {r["shift"]: r for r in res["rows"]}
+    assert rows["amazon-webcam"]["max"] == pytest.approx(45.5)
+    assert rows["amazon-webcam"]["MMDTL2 auto"]["gap"] == pytest.approx(2.0)
+    assert rows["webcam-dslr"]["MMDTL2 auto"]["gap"] == pytest.approx(-2.0)
+    assert res["summary"]["MMDTL2 auto"]["more_than_1_point_below"] == ["webcam-dslr"]
+    with pytest.raises(SystemExit, match="has no results/"):
+        final.main(["--study", str(tmp_path), "--out", str(out)])
+
+
+def test_deep_table_without_the_reference_columns_has_no_max_column(deep):
+    acc = {"decaf6 W→D": {"recommended": [0.9, 0.92]}, "decaf6 D→W": {"recommended": [0.8, 0.8]}}
+    text = deep.format_table(deep.summarise(acc, ["recommended"]), ["recommended"], 2)
+    assert "| **mean** | **85.5** |" in text and "max(source, target)" not in text

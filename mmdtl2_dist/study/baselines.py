@@ -8,13 +8,15 @@
 Each is configured as its paper evaluates it, with the data every method of the study
 gets, so that it is a fair baseline:
 
-- **Transductive adaptation step.** The adapter (CORAL's covariances, SA's two PCA
-  subspaces, KMM's weights) is fitted on the source training samples and *every* target
-  feature vector the split provides: the labelled targets, the rest of the target
-  training pool and the target test samples, all without labels (Fernando et al. and
-  Huang et al. fit on the whole unlabelled target domain). Only features are read: no
-  target label other than the labelled samples' reaches this module (no argument of
-  :func:`skada_predict` can carry one).
+- **Adaptation step on the unlabelled target samples.** The adapter (CORAL's
+  covariances, SA's two PCA subspaces, KMM's weights) is fitted on the source training
+  samples and every target feature vector it is given (``Xpool``: the labelled targets
+  and the unlabelled ones), without labels. Which target samples those are is the
+  caller's protocol: a study's ``unlabelled`` pool (``"all"``, the test samples'
+  features included, is the transductive protocol of Fernando et al. and Huang et al.,
+  who fit on the whole unlabelled target domain; the bundled Office study uses it). The
+  test samples ``Xq`` are only predicted. No target label other than the labelled
+  samples' reaches this module (no argument of :func:`skada_predict` can carry one).
 - **Semi-supervised classifier.** The SVM is trained on the adapted source samples *and*
   the labelled target samples, in the target's representation (SA's target subspace,
   CORAL's and KMM's unchanged target space), as the semi-supervised protocol of Hoffman
@@ -83,9 +85,11 @@ def skada_predict(
     Xs, ys : ndarray
         Preprocessed source training features and labels.
     Xpool, ypool_masked : ndarray
-        Target training pool; labels are -1 except for the labelled samples.
+        The target samples the adapter learns from: labels are -1 except for the
+        labelled samples (with none, the SVM learns from the adapted source alone). With
+        a transductive protocol the test samples' features are among them, labelled -1.
     Xq : ndarray
-        Target test features (unlabelled: the adapter sees them, the SVM does not).
+        Target test features, to predict.
 
     Returns
     -------
@@ -98,22 +102,42 @@ def skada_predict(
         raise ValueError(f"unknown skada baseline {method!r}; choose one of {METHODS}.")
     t0 = time.perf_counter()
     ypool_masked = np.asarray(ypool_masked)
-    labelled = ypool_masked != -1
-    Xt_lab, yt = Xpool[labelled], ypool_masked[labelled]
-    Xt = np.vstack([Xt_lab, Xpool[~labelled], Xq])  # labelled rows first, then unlabelled
+    Xt_lab, yt, Xt = _target_rows(Xpool, ypool_masked)
     candidates = _adapted(method, params, Xs, Xt)
     cs = [float(params["c"])] if "c" in params else list(SVM_C_GRID)
     grid = [(i, c) for i in range(len(candidates)) for c in cs]
     pick, table = _choose_by_cv(candidates, grid, ys, yt, Xt_lab)
-    (setting, (Zs, w, Zt)), c = candidates[grid[pick][0]], grid[pick][1]
+    (setting, (Zs, w, Zt), to_target), c = candidates[grid[pick][0]], grid[pick][1]
     svm = _fit_svm(np.vstack([Zs, Zt[: len(yt)]]), np.concatenate([ys, yt]), w, c)
-    y_pred = svm.predict(Zt[len(Zt) - len(Xq) :])
+    y_pred = svm.predict(to_target(Xq))
     return np.asarray(y_pred), {
         "time_total_s": time.perf_counter() - t0,
         "n_labelled_target": int(len(yt)),
         "chosen": {**setting, "c": c},
         "cv": table,
     }
+
+
+def _target_rows(Xpool: np.ndarray, ypool_masked: np.ndarray):
+    """The labelled target rows and labels, and every target row (labelled ones first).
+
+    Both in an order set by the samples' content, not by how the caller listed them: the
+    labelled rows in the canonical order of their Gram (the order of the CV folds,
+    :func:`mmdtl2_dist.core.selection.canonical_order`), the unlabelled rows sorted by
+    their features (rounded to 1e-9 of the largest magnitude). libsvm's solution and the
+    CV's ties depend on the order of the training rows, so a split listed by index (a
+    study) and the same split listed as its split file has it (the benchmarks) give the
+    same predictions.
+    """
+    from mmdtl2_dist.core.selection import canonical_order
+
+    labelled = ypool_masked != -1
+    Xl, yl, Xu = Xpool[labelled], ypool_masked[labelled], Xpool[~labelled]
+    order = canonical_order(Xl @ Xl.T)
+    scale = max(float(np.max(np.abs(Xu))) if Xu.size else 0.0, np.finfo(float).tiny)
+    keys = np.round(Xu / (1e-9 * scale))
+    Xu = Xu[np.lexsort(keys.T[::-1])] if len(Xu) else Xu
+    return Xl[order], yl[order], np.vstack([Xl[order], Xu])
 
 
 def _domains(ns: int, nt: int) -> np.ndarray:
@@ -124,9 +148,10 @@ def _domains(ns: int, nt: int) -> np.ndarray:
 def _adapted(method: str, params: dict, Xs: np.ndarray, Xt: np.ndarray) -> list:
     """The adapter fitted on ``Xs`` and ``Xt`` (features only), once per setting.
 
-    A list of ``(setting, (Zs, w, Zt))``: the setting's parameters (SA's ``d``), the
-    source rows as the SVM sees them, the sample weights of the source rows followed by
-    weight 1 for every target row (None: all 1), and the target rows.
+    A list of ``(setting, (Zs, w, Zt), to_target)``: the setting's parameters (SA's
+    ``d``), the source rows as the SVM sees them, the sample weights of the source rows
+    followed by weight 1 for every target row (None: all 1), the target rows, and the map
+    of other target samples (the test samples) into the SVM's representation.
     """
     from skada import CORALAdapter, KMMReweightAdapter, SubspaceAlignmentAdapter
 
@@ -136,7 +161,7 @@ def _adapted(method: str, params: dict, Xs: np.ndarray, Xt: np.ndarray) -> list:
         for d in sa_dimensions(params, len(Xs), len(Xt), Xs.shape[1]):
             sa = SubspaceAlignmentAdapter(n_components=d, random_state=0)
             Z = sa.fit_transform(X, sample_domain=sd)
-            out.append(({"n_components": d}, (Z[:ns], None, Z[ns:])))
+            out.append(({"n_components": d}, (Z[:ns], None, Z[ns:]), _target_map(sa)))
         return out
     if method == "coral_svm":
         if Xs.shape[1] > MAX_CORAL_FEATURES:
@@ -145,10 +170,20 @@ def _adapted(method: str, params: dict, Xs: np.ndarray, Xt: np.ndarray) -> list:
                 f"to {MAX_CORAL_FEATURES} features. Drop it from studies of this space."
             )
         Z = CORALAdapter(reg=params.get("reg", "auto")).fit_transform(X, sample_domain=sd)
-        return [({}, (Z[:ns], None, Z[ns:]))]
+        return [({}, (Z[:ns], None, Z[ns:]), _as_is)]
     kmm = KMMReweightAdapter(gamma=params.get("kmm_gamma"), B=float(params.get("kmm_B", 1000.0)))
     ws = np.asarray(kmm.fit(X, sample_domain=sd).source_weights_, dtype=np.float64)
-    return [({}, (Xs, np.concatenate([ws, np.ones(len(Xt))]), Xt))]
+    return [({}, (Xs, np.concatenate([ws, np.ones(len(Xt))]), Xt), _as_is)]
+
+
+def _as_is(X: np.ndarray) -> np.ndarray:
+    """Target samples as CORAL and KMM leave them (both adapt the source side only)."""
+    return X
+
+
+def _target_map(sa):
+    """Target samples onto a fitted SA adapter's target subspace."""
+    return lambda X: sa.transform(X, sample_domain=-np.ones(len(X), dtype=int))
 
 
 def _fit_svm(Z: np.ndarray, y: np.ndarray, w: np.ndarray | None, c: float):
@@ -186,7 +221,7 @@ def _choose_by_cv(candidates: list, grid: list, ys, yt, Xt_lab) -> tuple[int, li
     ``grid`` holds pairs ``(candidate index, C)``; the table is None when there was
     nothing to choose or no fold could be formed.
 
-    ``candidates[i]`` is ``(setting, (Zs, w, Zt))`` with the labelled targets the first
+    ``candidates[i]`` is ``(setting, (Zs, w, Zt), _)`` with the labelled targets the first
     rows of ``Zt``, in the order of ``yt`` and ``Xt_lab``.
     """
     from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, choose, cv_folds
@@ -198,7 +233,7 @@ def _choose_by_cv(candidates: list, grid: list, ys, yt, Xt_lab) -> tuple[int, li
         return min(range(len(grid)), key=lambda j: _fallback_distance(candidates, grid[j])), None
     table = []
     for i, c in grid:
-        setting, (Zs, w, Zt) = candidates[i]
+        setting, (Zs, w, Zt), _ = candidates[i]
         hits = hinge = 0.0
         for held in folds:
             train = np.setdiff1d(np.arange(len(yt)), held)
