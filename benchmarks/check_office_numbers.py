@@ -115,7 +115,10 @@ def main() -> int:
         same, total = compare(mine, ref)
         ch = got["chosen"]
         same_ch = sum(
-            ch[k][s] == chosen[k][s] for k in ch if k.endswith(f"|{c['label']}") for s in ch[k]
+            ch[k][s] == chosen[k][s]
+            for k in ch
+            if k.endswith(f"|{c['label']}") and k in chosen
+            for s in ch[k]
         )
         ck = config_key(c["method"], c.get("params", {}), c.get("select", {}))
         cells = []
@@ -127,9 +130,10 @@ def main() -> int:
         bad += total - same
         ref_means = {k: v[: len(mine[k])] for k, v in ref.items() if k in mine}
         extra = f", CV choices {same_ch} equal" if c.get("select") else ""
+        stored = mean_line(ref_means) if ref_means else "not stored"
         print(
             f"| {c['label']} | {same}/{total}{extra} | {mean_line(mine)} / "
-            f"{mean_line(ref_means)} | {'; '.join(cells) or '-'} |"
+            f"{stored} | {'; '.join(cells) or '-'} |"
         )
     print(f"\n{'every split equal' if not bad else f'{bad} splits differ'} (office output: {out})")
     return 1 if bad else 0

@@ -235,3 +235,112 @@ def test_unknown_weights_file_and_random_seed_are_refused(images, tmp_path, caps
     assert "no such file; give imagenet, random:SEED or the path" in capsys.readouterr().err
     assert main(["extract", str(images), out, "--weights", "random:x"]) == 2
     assert "write random:SEED with an integer SEED" in capsys.readouterr().err
+
+
+def test_unfinished_work_of_other_inputs_is_refused_not_mixed(images, tmp_path, capsys):
+    """A work folder left by a killed run with other weights: refused before any work."""
+    from mmdtl2_dist.extract.job import _job_spec, _open_work
+
+    out = tmp_path / "w.zarr"
+    table, spec = read_images(images), ModelSpec.parse("alexnet:conv3")
+    old = Extractor(spec, "random:1", Preprocessing())
+    _open_work(work_folder(out), _job_spec(table, spec, old, Preprocessing(), 256), table, False)
+    assert main(["extract", str(images), str(out), "--weights", "random:0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{work_folder(out)} holds an unfinished extraction of other inputs" in err
+    assert "weights_sha256" in err and "--restart" in err
+    assert (work_folder(out) / "job.json").exists() and not out.exists()
+
+
+def test_output_path_holding_other_files_is_refused(images, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert main(["extract", str(images), str(out), "--weights", "random:0"]) == 2
+    assert "not a feature store written by this system" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "keep me" and not work_folder(out).exists()
+
+
+@pytest.mark.ray
+def test_gpus_on_a_cluster_without_gpus_is_refused(ray_local, images, tmp_path):
+    opts = ExtractOptions(gpus=1, progress=False)
+    with pytest.raises(ValueError, match=r"--gpus 1 asks for 1 GPU\(s\) but the Ray cluster has 0"):
+        extract(tmp_path / "g.zarr", read_images(images), ModelSpec.parse("alexnet:conv5"),
+                "random:0", options=opts)  # fmt: skip
+    assert not (tmp_path / "g.zarr").exists()
+
+
+def test_device_name_that_cannot_be_stored_fails_before_work(tmp_path, capsys):
+    manifest = tmp_path / "m.csv"
+    img = tmp_path / "a.png"
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(img)
+    pd.DataFrame({"path": ["a.png"], "device": ["cam a/1"]}).to_csv(manifest, index=False)
+    assert main(["extract", str(manifest), str(tmp_path / "o.zarr"), "--weights", "random:0"]) == 2
+    assert "device name 'cam a/1' is not allowed" in capsys.readouterr().err
+    assert not work_folder(tmp_path / "o.zarr").exists()
+
+
+def test_manifest_groups_class_names_and_unlabelled_rows(tmp_path):
+    (tmp_path / "v").mkdir()
+    rows = [
+        ("v/f1.png", "old", "polyp", "video1"),
+        ("v/f2.png", "old", "normal", "video1"),
+        ("v/f3.png", "new", "", "video2"),
+        (str(tmp_path / "v" / "f4.png"), "new", "polyp", "video3"),
+    ]
+    frame = pd.DataFrame(rows, columns=["path", "device", "label", "group"])
+    frame.to_parquet(tmp_path / "m.parquet")
+    t = read_images(tmp_path / "m.parquet").frame
+    assert t.device.tolist() == ["new", "new", "old", "old"]  # grouped by device, order kept
+    assert t.path.tolist() == [
+        str(tmp_path / "v" / f) for f in ("f3.png", "f4.png", "f1.png", "f2.png")
+    ]
+    assert t.label.tolist() == [-1, 1, 1, 0] and t.class_name.tolist() == [
+        "",
+        "polyp",
+        "polyp",
+        "normal",
+    ]
+    assert t.group.tolist() == ["video2", "video3", "video1", "video1"]
+    assert t.sample_id.tolist()[2] == "v/f1.png"
+    pd.DataFrame({"file": ["a.png"]}).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(
+        ValueError, match=r"the manifest lacks the column\(s\) \['path', 'device'\]"
+    ):
+        read_images(tmp_path / "bad.csv")
+
+
+BLOCK_TORCH = """
+import sys
+
+
+class BlockTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchvision"):
+            raise ImportError(f"No module named {name!r}")
+        return None
+
+
+sys.meta_path.insert(0, BlockTorch())
+"""
+
+
+def test_without_torch_extract_says_how_to_install_and_synth_images_works(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TORCH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+
+    def run(*args):
+        cmd = [sys.executable, "-m", "mmdtl2_dist.cli", *map(str, args)]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    res = run("synth-images", tmp_path / "imgs", "--n-source", 1, "--n-target", 1)
+    assert res.returncode == 0, res.stderr
+    res = run("extract", tmp_path / "imgs", tmp_path / "s.zarr")
+    assert res.returncode == 2
+    assert "images need torch and torchvision" in res.stderr
+    assert (
+        "pip install -e '.[images]'" in res.stderr and "download.pytorch.org/whl/cpu" in res.stderr
+    )

@@ -96,9 +96,19 @@ def test_image_model_scores_equal_feature_model_scores(walked, capsys):
         want = feat.predict(X)
         pd.testing.assert_frame_equal(got, want)
         pd.testing.assert_frame_equal(b64, want)
-    assert mv.tags["input"] == "images" and mv.tags["extractor_weights"] == "random:0"
     prov = FeatureStore.open(root / "store.zarr").provenance["extraction"]
-    assert mv.tags["extractor_weights_sha256"] == prov["weights"]["sha256"]
+    with use_tracking_uri(uri):
+        client = mlflow.MlflowClient()
+        mv_feat = client.get_model_version_by_alias("feat", "champion")
+        study_run = client.search_runs(
+            [client.get_experiment_by_name("mmdtl2-images_demo").experiment_id],
+            "tags.mmdtl2_role = 'parent'",
+        )
+    assert mv.tags["input"] == "images" and "input" not in mv_feat.tags
+    for tags in (mv.tags, mv_feat.tags, study_run[0].data.tags):
+        assert tags["extractor_weights"] == "random:0"
+        assert tags["extractor_weights_sha256"] == prov["weights"]["sha256"]
+        assert tags["extractor"] == "alexnet:conv5->conv5"
     config = img.model_config
     assert config["extractor"]["layer"] == "conv5" and config["extractor"]["n_features"] == 43264
     with pytest.raises(Exception, match="cannot read the image in row 1: not an image file"):
@@ -185,3 +195,16 @@ def test_mlflow_models_serve_answers_one_image_with_a_class(walked, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_feature_commands_refuse_the_image_model_saying_what_to_use(walked, tmp_path, capsys):
+    root, uri = walked
+    _, X = _device_images(root, "scope_b")
+    np.save(tmp_path / "X.npy", X)
+    model = "models:/img@champion"
+    assert main(["predict", "--model", model, str(tmp_path / "X.npy"), "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert "takes images (registered with --with-extractor)" in err and "mlflow models serve" in err
+    assert main(["serve", "--model", model, "--tracking-uri", uri, "-p", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"serve it with `mlflow models serve -m {model} --env-manager local`" in err

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         for c in COLUMNS:
-            extra = {k: c[k] for k in ("params", "select") if k in c}
+            extra = {k: c[k] for k in ("params", "select", "unlabelled") if k in c}
             print(f"{c['label']!r}: method={c['method']} {extra}")
         return 0
     columns, shifts = columns_named(args.methods), _shifts(args)

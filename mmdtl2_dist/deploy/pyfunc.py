@@ -44,7 +44,7 @@ SHIPPED_MODULES = (
     "__init__.py",
     "core/errors.py",
     "core/kernels.py",
-    "core/params.py",
+    "core/params.py",  # the kernels' parameter checks (pure Python, imports nothing)
     "core/preprocessing.py",
     "core/adapter.py",
     "core/threads.py",

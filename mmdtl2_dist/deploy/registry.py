@@ -185,10 +185,12 @@ def _tag(v) -> str:
 
 def version_tags(handle, cfg, fitted) -> dict[str, str]:
     """What a model version records about its training (all strings)."""
+    from mmdtl2_dist.store.feature_store import FeatureStore, extraction_tags
     from mmdtl2_dist.study.tracking import code_version
 
     spec = handle.spec
     tags = {
+        **extraction_tags(FeatureStore.open(handle.store).provenance),
         "study": spec.name,
         "study_folder": str(handle.folder),
         "spec_fingerprint": spec.fingerprint(),
@@ -281,8 +283,9 @@ def register_adapter(
     """Log, register and alias a fitted adapter (see the module docstring).
 
     ``extractor`` (:func:`~mmdtl2_dist.deploy.training.study_extractor`) makes the model
-    take images: it runs the extractor before the adapter, and the version's tags record
-    the extractor's weights.
+    take images: it runs the extractor before the adapter (tag ``input = images``). The
+    version's tags name the extractor and weights of a store from ``mmdtl2 extract``
+    (with or without ``extractor``).
 
     Returns
     -------
@@ -302,12 +305,7 @@ def register_adapter(
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(handle.experiment)
     tags = version_tags(handle, cfg, fitted)
     if extractor is not None:
-        tags.update(
-            input="images",
-            extractor=_tag(f"{extractor.spec} ({extractor.preprocessing.as_dict()})"),
-            extractor_weights=extractor.identity.name,
-            extractor_weights_sha256=extractor.identity.sha256,
-        )
+        tags["input"] = "images"
     W = fitted.estimator.transform_matrix() if export_w else None  # fails before logging
     with use_tracking_uri(handle.tracking_uri):
         return _log_and_register(

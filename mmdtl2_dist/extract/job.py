@@ -9,8 +9,9 @@ The job (:func:`extract`):
    ``<store>.extracting/`` beside the store: ``job.json`` (what is being extracted),
    ``images.parquet`` (the table) and one file per finished shard (:mod:`.shards`);
 3. runs the missing shards on Ray actors (:class:`~.shards.ShardWorker`: one per CPU,
-   one thread each; with ``gpus`` one per GPU), each loading the model once, with
-   progress lines (images done, images/s);
+   one thread each; with ``gpus`` one per GPU), each given the driver's model cut after
+   the layers once (through Ray's object store), with progress lines (images done,
+   images/s);
 4. writes the store from the shard files, one shard in memory at a time, atomically
    (:class:`~mmdtl2_dist.store.feature_store.StoreWriter`), with the extraction's
    provenance (model, layers, weights name and SHA-256, preprocessing, versions) in its
@@ -250,7 +251,7 @@ def extract(
     -------
     FeatureStore
         The new store; its ``last_run`` attribute says how many shards were computed and
-        how many resumed.
+        how many resumed, the seconds of the run and those the workers spent in shards.
     """
     pre = preprocessing or Preprocessing()
     opt = options or ExtractOptions()
@@ -258,6 +259,8 @@ def extract(
     if opt.batch_size < 1:
         raise ValueError(f"batch size must be positive, got {opt.batch_size}.")
     spaces = space_names(spec, opt.space)
+    for device in table.devices:
+        check_name("device", device)
     claim_output(out, FEATURE_STORE, overwrite=opt.overwrite)
     missing = _missing_files(table)
     if missing and not opt.skip_bad:
@@ -282,8 +285,7 @@ def extract(
                 f"{len(shards)} shards already done",
             )
         t0 = time.monotonic()
-        if todo:
-            _run_shards(todo, shards, spec, weights, pre, ex, opt)
+        busy = _run_shards(todo, shards, spec, pre, ex, opt) if todo else 0.0
         fs = _write_store(out, table, shards, spaces, ex, pre, opt)
     finally:
         os.close(fd)
@@ -293,6 +295,8 @@ def extract(
         "computed": len(todo),
         "resumed": len(shards) - len(todo),
         "seconds": time.monotonic() - t0,
+        "images_computed": sum(len(s["rows"]) for s in todo),
+        "worker_seconds": busy,
     }
     return fs
 
@@ -312,18 +316,17 @@ def _workers(ray, opt: ExtractOptions, n_todo: int) -> tuple[int, dict, str]:
     return max(1, min(cpus, n_todo)), {"num_cpus": 1}, "cpu"
 
 
-def _run_shards(todo, shards, spec, weights, pre, ex, opt: ExtractOptions) -> None:
-    from mmdtl2_dist.engine.driver import ensure_ray
+def _run_shards(todo, shards, spec, pre, ex, opt: ExtractOptions) -> float:
+    """Run the shards ``todo`` on Ray actors; return the seconds the workers spent in them."""
+    from mmdtl2_dist.engine import ensure_ray
     from mmdtl2_dist.extract.shards import ShardWorker
 
     ray, owned = ensure_ray(opt.address, opt.workers)
     try:
         n, resources, device = _workers(ray, opt, len(todo))
         cls = ray.remote(ShardWorker).options(**resources)
-        actors = [
-            cls.remote(str(spec), weights, pre.as_dict(), ex.identity.sha256, device)
-            for _ in range(n)
-        ]
+        state = ray.put(ex.cut_state())
+        actors = [cls.remote(str(spec), pre.as_dict(), state, device) for _ in range(n)]
         total = sum(len(s["rows"]) for s in shards)
         before = total - sum(len(s["rows"]) for s in todo)
         bar = Progress("extract", total, unit="images", done=before, enabled=opt.progress)
@@ -331,15 +334,18 @@ def _run_shards(todo, shards, spec, weights, pre, ex, opt: ExtractOptions) -> No
             f"extract: {len(todo)} shard(s) of up to {len(todo[0]['rows'])} images on {n} "
             f"{device.upper()} worker(s)"
         )
-        _dispatch(ray, actors, todo, opt, bar, before)
+        return _dispatch(ray, actors, todo, opt, bar, before)
     finally:
         if owned:
             ray.shutdown()
 
 
-def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int) -> None:
-    """Give each idle actor the next shard until all are done; a task's error is raised."""
-    queue, idle, pending = list(todo), list(actors), {}
+def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int) -> float:
+    """Give each idle actor the next shard until all are done; a task's error is raised.
+
+    Returns the seconds the actors spent in the shards (decoding, model, writing).
+    """
+    queue, idle, pending, busy = list(todo), list(actors), {}, 0.0
     task = {"batch_size": opt.batch_size, "skip_bad": opt.skip_bad}
     while queue or pending:
         while queue and idle:
@@ -358,11 +364,13 @@ def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int
                         "images out (finished shards are kept: the next run resumes)."
                     ) from None
                 raise (cause if isinstance(cause, Exception) else exc) from None
+            busy += result["seconds"]
             done = bar.done + result["n"]
             rate = (done - before) / max(bar.elapsed(), 1e-9)
             bar.update(done, f"{rate:.1f} images/s")
         if not ready:
             bar.update(bar.done)
+    return busy
 
 
 def _bad_images(table: ImageTable, shards: list[dict]) -> pd.DataFrame:

@@ -309,7 +309,8 @@ class Extractor:
         ``cpu`` or ``cuda``.
     state : dict, optional
         State dict of the cut module (:meth:`cut_state`) instead of the whole model's
-        weights (what an image-input adapter ships).
+        weights (what an image-input adapter ships and Ray workers are given); the
+        layers after the cut are never allocated.
     """
 
     def __init__(self, spec, weights, preprocessing, device="cpu", state=None):
@@ -319,11 +320,13 @@ class Extractor:
         self.spec, self.preprocessing, self.device = spec, preprocessing, device
         if state is None:
             model, self.identity = load_model(spec.model, weights)
-        else:
-            model, self.identity = models.get_model(spec.model, weights=None).eval(), None
-        self.module = feature_module(model, spec).eval()
-        if state is not None:
-            self.module.load_state_dict(state)
+            self.module = feature_module(model, spec).eval()
+        else:  # built without memory ("meta" tensors), then given the cut model's tensors
+            with torch.device("meta"):
+                model = models.get_model(spec.model, weights=None)
+            self.module = feature_module(model, spec).eval()
+            self.module.load_state_dict(state, assign=True)
+            self.identity = None
         self.module.to(device)
         self._transform = preprocessing.transform()
         with torch.no_grad():

@@ -30,8 +30,6 @@ def write_npz_atomic(path: Path, arrays: dict) -> None:
     try:
         with open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -102,26 +100,19 @@ def deterministic_torch(device: str) -> None:
 
 
 class ShardWorker:
-    """A Ray actor holding one extractor (loaded once) that runs shard after shard.
+    """A Ray actor holding one extractor that runs shard after shard.
 
-    ``sha256`` is the driver's weights identity: a worker that loads other weights (a
-    different file at the same path on its node, another cached download) refuses to
-    start instead of writing features of other weights.
+    It is given the driver's cut model (``state``, the tensors up to the last layer,
+    through Ray's object store), not the weights' name: every worker computes with the
+    very weights whose identity the driver recorded, no node needs the weights file or
+    a download, and a worker holds only the layers it runs.
     """
 
-    def __init__(self, spec: str, weights: str, preprocessing: dict, sha256: str, device: str):
+    def __init__(self, spec: str, preprocessing: dict, state: dict, device: str):
         deterministic_torch(device)
         self.extractor = Extractor(
-            ModelSpec.parse(spec), weights, Preprocessing.from_dict(preprocessing), device
+            ModelSpec.parse(spec), None, Preprocessing.from_dict(preprocessing), device, state
         )
-        got = self.extractor.identity.sha256
-        if got != sha256:
-            import socket
-
-            raise ValueError(
-                f"the weights {weights!r} on {socket.gethostname()} have SHA-256 {got[:16]}..., "
-                f"the driver's {sha256[:16]}...; give every node the same weights file."
-            )
 
     def run(self, task: dict) -> dict:
         return run_shard(self.extractor, task)

@@ -284,6 +284,23 @@ def _checked_metadata(path: Path, arrays: list[dict]) -> pd.DataFrame:
     return table
 
 
+def extraction_tags(provenance: dict) -> dict[str, str]:
+    """Tags naming the extractor and weights a store's features came from (else none).
+
+    Studies and registered adapters built on a store from ``mmdtl2 extract`` carry them,
+    so that a result or a model names the weights (name and SHA-256) behind it.
+    """
+    ext = (provenance or {}).get("extraction")
+    if not ext:
+        return {}
+    layers = ",".join(f"{k}->{v['space']}" for k, v in ext["layers"].items())
+    return {
+        "extractor": f"{ext['model']}:{layers}",
+        "extractor_weights": str(ext["weights"]["name"]),
+        "extractor_weights_sha256": str(ext["weights"]["sha256"]),
+    }
+
+
 class FeatureStore:
     """Read access to a feature store (see :mod:`mmdtl2_dist.store.layout`).
 

@@ -296,10 +296,11 @@ def _tracking(
     total, units = len(spec.trials()), sum(len(p.splits) for p in plan.pairs)
     if not track:
         return None, TrialSink(str(spec.output), {}, {}, total, progress, units)
-    from mmdtl2_dist.store.feature_store import FeatureStore
+    from mmdtl2_dist.store.feature_store import FeatureStore, extraction_tags
     from mmdtl2_dist.study.tracking import class_names
 
-    names = class_names(FeatureStore.open(plan.pairs[0].store).metadata)
+    fs = FeatureStore.open(plan.pairs[0].store)
+    names = class_names(fs.metadata)
     tcfg = tracker_config(spec, uri, names)
     tracker = _tracker(spec, uri)
     tags = {
@@ -307,6 +308,7 @@ def _tracking(
         "data_fingerprint": plan.data_fingerprint,
         "code_version": _code_version(),
         "study": spec.name,
+        **extraction_tags(fs.provenance),
     }
     tracker.log_parent(
         params={**_flat_params(spec), **{f"gram.{s}": g["key"] for s, g in provenance.items()}},
