@@ -60,7 +60,7 @@ from mmdtl2_dist.core.auto import ALTERNATIVES, DEFAULT, NO_FOLDS, fit_predict_a
 from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.priors import SamplePool
-from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, cv_folds, sub_problem
+from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
 N_CLASSES = 10
@@ -140,7 +140,7 @@ def collect(job, data_dir, seed):
             sp = sub_problem(prob, np.setdiff1d(all_idx, held), held)
             r = fit_predict("mmdtl2", params, sp)
             hits += (r.y_pred == prob.yt[held]).astype(int).tolist()
-            hinge += _multiclass_hinge(r.scores, r.classes, prob.yt[held]).tolist()
+            hinge += multiclass_hinge(r.scores, r.classes, prob.yt[held]).tolist()
         rec["cv_hit"][label], rec["cv_hinge"][label] = hits, hinge
     return rec
 

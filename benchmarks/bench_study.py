@@ -16,7 +16,7 @@ executor):
   (``solver_cpu_s``), Gram slicing, other in-trial time, idle CPUs while trials were
   still waiting to start (``scheduling_idle_cpu_s``: the executor and driver-side MLflow
   overhead) and idle CPUs after the last trial started (``tail_idle_cpu_s``: load
-  imbalance); see ``mmdtl2_dist.study.runner.study_timing``.
+  imbalance); see ``mmdtl2_dist.study.timing.study_timing``.
 
 ``synthetic`` also measures the alternative the Gram-once design avoids: computing each
 trial's kernel blocks (Kss, Ktt, Ktq, Kst, Ksq and the test norms) from the features

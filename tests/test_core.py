@@ -327,37 +327,23 @@ def test_cv_fold_schemes():
         cv_folds(yt, scheme="kfold")
 
 
-def test_cv_folds_order_and_repeats():
-    """``order`` decides which sample of a class is its j-th; every round of per-class folds
-    holds out each sample once, one of every class per fold; leave-one-out ignores the
-    order; bad arguments are refused."""
+def test_cv_folds_order():
+    """``order`` decides which sample of a class is its j-th; the per-class folds hold out
+    each sample once, one of every class per fold; leave-one-out ignores the order; a bad
+    order is refused."""
     from mmdtl2_dist.core.selection import cv_folds
 
     yt = np.array([0, 1, 0, 1, 0, 1])
     order = np.array([4, 5, 2, 3, 0, 1])
     per = cv_folds(yt, scheme="per_class", order=order)
     assert [sorted(f.tolist()) for f in per] == [[4, 5], [2, 3], [0, 1]]
-    folds = cv_folds(yt, scheme="per_class", order=order, repeats=4, seed=1)
-    assert len(folds) == 12
-    for r in range(4):
-        held = np.concatenate(folds[3 * r : 3 * r + 3])
-        assert sorted(held.tolist()) == list(range(6))  # each sample once per round
-        assert all(sorted(yt[f].tolist()) == [0, 1] for f in folds[3 * r : 3 * r + 3])
-    # some later round groups the samples differently from the first
-    assert any(
-        {frozenset(f.tolist()) for f in folds[3 * r : 3 * r + 3]}
-        != {frozenset(f.tolist()) for f in folds[:3]}
-        for r in range(1, 4)
-    )
+    assert sorted(np.concatenate(per).tolist()) == list(range(6))  # each sample once
     # leave-one-out: label order, then index order, whatever the order argument says
     y2 = np.array([1, 0, 1, 0, 2, 2])
     for o in (None, np.array([5, 4, 3, 2, 1, 0])):
         assert [f.tolist() for f in cv_folds(y2, scheme="loo", order=o)] == [
             [1], [3], [0], [2], [4], [5]
         ]  # fmt: skip
-    for bad in (0, True, 1.5, None):
-        with pytest.raises(ValueError, match="repeats"):
-            cv_folds(yt, repeats=bad)
     for bad in ([0, 0, 1, 2, 3, 4], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]):
         with pytest.raises(ValueError, match="permutation"):
             cv_folds(yt, order=np.array(bad))
@@ -401,7 +387,7 @@ def test_selection_with_canonical_order_ignores_how_targets_are_listed():
     fits of the two listings solve the same QPs in another variable order, to a relative
     KKT residual of 1e-8, so their held-out hinge losses agree to 1e-6 relative."""
     from mmdtl2_dist.core.methods import GramProblem
-    from mmdtl2_dist.core.selection import select_by_cv
+    from mmdtl2_dist.core.selection import cv_folds, cv_table, select_by_cv
 
     rng = np.random.default_rng(5)
     N, M, L, K = 24, 15, 6, 3
@@ -413,37 +399,41 @@ def test_selection_with_canonical_order_ignores_how_targets_are_listed():
     prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False)
     p = rng.permutation(M)
     shuffled = GramProblem.from_features(Xs, ys, Xt[p], yt[p], Xt[:0], test_gram=False)
-    for kw in ({}, {"fold_order": "canonical", "repeats": 3}):
-        a = select_by_cv("mmdtl2", grid, prob, **kw)
-        b = select_by_cv("mmdtl2", grid, shuffled, **kw)
-        hinge = [r["cv_hinge"] for r in a[1]]
-        assert all(r["cv_accuracy"] < 1.0 for r in a[1])
-        assert min(hinge) > 0.05 and max(hinge) - min(hinge) > 1e-3
-        assert a[0] == b[0]
-        for ra, rb in zip(a[1], b[1], strict=True):
-            assert ra["cv_accuracy"] == rb["cv_accuracy"]
-            assert ra["cv_hinge"] == pytest.approx(rb["cv_hinge"], rel=1e-6)
-            assert (ra["fold_order"], ra["repeats"]) == ("canonical", kw.get("repeats", 1))
-    listed = [select_by_cv("mmdtl2", grid, q, fold_order="given")[1] for q in (prob, shuffled)]
+    a = select_by_cv("mmdtl2", grid, prob)
+    b = select_by_cv("mmdtl2", grid, shuffled)
+    hinge = [r["cv_hinge"] for r in a[1]]
+    assert all(r["cv_accuracy"] < 1.0 for r in a[1])
+    assert min(hinge) > 0.05 and max(hinge) - min(hinge) > 1e-3
+    assert a[0] == b[0]
+    for ra, rb in zip(a[1], b[1], strict=True):
+        assert ra["cv_accuracy"] == rb["cv_accuracy"]
+        assert ra["cv_hinge"] == pytest.approx(rb["cv_hinge"], rel=1e-6)
+    # folds in the listed order: the table depends on the listing
+    listed = [cv_table("mmdtl2", grid, q, cv_folds(q.yt)) for q in (prob, shuffled)]
     assert not np.allclose(
         [r["cv_hinge"] for r in listed[0]], [r["cv_hinge"] for r in listed[1]], rtol=1e-4
     )
     loo = select_by_cv("mmdtl2", grid, prob, folds="loo")[1]
-    assert {(r["fold_order"], r["repeats"], r["seed"]) for r in loo} == {(None, None, None)}
-    with pytest.raises(ValueError, match="fold_order must be one of"):
-        select_by_cv("mmdtl2", grid, prob, fold_order="sorted")
+    assert {r["folds"] for r in loo} == {"loo"} and {r["n_folds"] for r in loo} == {M}
 
 
 def test_multiclass_hinge_and_selection_criteria():
     """The held-out hinge loss by hand, and every selection rule on a real CV table."""
     from mmdtl2_dist.core.methods import GramProblem
-    from mmdtl2_dist.core.selection import _multiclass_hinge, choose, select_by_cv
+    from mmdtl2_dist.core.selection import (
+        canonical_order,
+        choose,
+        cv_folds,
+        cv_table,
+        multiclass_hinge,
+        select_by_cv,
+    )
 
     scores = np.array([[2.0, 0.5, -1.0], [0.2, 0.4, 0.0], [0.0, 0.0, 3.0]])
     classes = np.array([10, 20, 30])
     # true 10: 1 + 0.5 - 2 < 0 -> 0; true 10: 1 + 0.4 - 0.2 = 1.2; true 30: 1 + 0 - 3 -> 0
     np.testing.assert_allclose(
-        _multiclass_hinge(scores, classes, np.array([10, 10, 30])), [0.0, 1.2, 0.0]
+        multiclass_hinge(scores, classes, np.array([10, 10, 30])), [0.0, 1.2, 0.0]
     )
     rng = np.random.default_rng(4)
     N, M, Q, L, K = 30, 12, 20, 6, 3
@@ -454,8 +444,12 @@ def test_multiclass_hinge_and_selection_criteria():
     Xq = means[np.arange(Q) % K] + 1.0 + rng.standard_normal((Q, L))
     prob = GramProblem.from_features(Xs, ys, Xt, yt, Xq, test_gram=False)
     grid = [{"c_f": c} for c in (0.01, 0.1, 1.0, 10.0)]
+    table = cv_table("mmdtl2", grid, prob, cv_folds(prob.yt, order=canonical_order(prob.Ktt)))
+    assert table == [
+        {k: r[k] for k in table[0]} for r in select_by_cv("mmdtl2", grid, prob)[1]
+    ]  # select_by_cv scores the same folds
     for crit, tb in (("hinge", "order"), ("accuracy", "hinge"), ("accuracy", "order")):
-        best, table = select_by_cv("mmdtl2", grid, prob, criterion=crit, tie_break=tb)
+        best = grid[choose(table, crit, tb)]
         if crit == "hinge":
             rank = [(-r["cv_hinge"], r["cv_accuracy"], -i) for i, r in enumerate(table)]
         else:
@@ -464,7 +458,7 @@ def test_multiclass_hinge_and_selection_criteria():
                 for i, r in enumerate(table)
             ]
         assert best == grid[max(range(len(grid)), key=rank.__getitem__)]
-        assert all(r["cv_hinge"] >= 0 and r["criterion"] == crit for r in table)
+        assert all(r["cv_hinge"] >= 0 for r in table)
     # choose() on a hand-made table: the three rules pick three different rows.
     hand = [
         {"cv_accuracy": 0.8, "cv_hinge": 0.9},
@@ -475,11 +469,9 @@ def test_multiclass_hinge_and_selection_criteria():
     assert choose(hand, "accuracy", "hinge") == 1
     assert choose(hand, "hinge") == 2
     with pytest.raises(ValueError, match="tie_break"):
-        select_by_cv("mmdtl2", grid, prob, tie_break="random")
-    with pytest.raises(ValueError, match="criterion"):
-        select_by_cv("mmdtl2", grid, prob, criterion="auc")
-    # "auto": the hinge criterion for a grid over c_f; accuracy, ties to the first listed,
-    # for a grid over c_t (the scores' scale changes with c_t).
+        choose(hand, "accuracy", "random")
+    # The hinge criterion for a grid over c_f; accuracy, ties to the first listed, for a
+    # grid over c_t (the scores' scale changes with c_t).
     rows = select_by_cv("mmdtl2", grid, prob)[1]
     assert {(r["criterion"], r["tie_break"]) for r in rows} == {("hinge", "hinge")}
     grid_ct = [{"c_t": 0.1}, {"c_t": 1.0}]

@@ -745,7 +745,8 @@ def test_register_and_predict_with_credentials(auth_server, tmp_path, monkeypatc
     uri, folder = auth_server
     _login(monkeypatch, TRAINER)
     study = record_study(tmp_path / "s", tracking_uri=uri)  # trials logged as the trainer
-    assert main(["register", str(study), "--name", "secure", "--quiet"]) == 0
+    register = ["register", str(study), "--name", "secure", "--metric", "accuracy", "--quiet"]
+    assert main(register) == 0  # the best trial: reference_estimator's configuration
     assert "models:/secure@champion" in capsys.readouterr().out
 
     # A prediction host with read-only credentials: the model, exactly.
@@ -761,7 +762,7 @@ def test_register_and_predict_with_credentials(auth_server, tmp_path, monkeypatc
     )
 
     # ... which can neither register a version, nor move the alias, nor change the code.
-    assert main(["register", str(study), "--name", "secure", "--quiet"]) == 2
+    assert main(register) == 2
     err = capsys.readouterr().err
     assert "Permission denied" in err and "write access to experiment" in err
     assert "MLFLOW_TRACKING_USERNAME" in err

@@ -253,7 +253,7 @@ def _spec_raw(store, **gram):
 
 
 def test_study_spec_chooses_the_gram_precision(cnn_store, tmp_path):
-    from mmdtl2_dist.study.runner import compute_grams
+    from mmdtl2_dist.study.preparation import compute_grams
     from mmdtl2_dist.study.spec import SpecError, parse_spec
 
     store, _, _ = cnn_store

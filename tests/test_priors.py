@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
 from mmdtl2_dist.core.priors import (
     PoolMap,
     SamplePool,
     coral_map,
-    pca_basis,
     shared_pca_map,
     subspace_alignment_map,
     transductive_prior,

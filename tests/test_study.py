@@ -16,7 +16,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mmdtl2_dist.store.feature_store import StoreWriter
-from mmdtl2_dist.study.runner import build_plan, report_study, resume_study, run_study
+from mmdtl2_dist.study.preparation import build_plan
+from mmdtl2_dist.study.runner import report_study, resume_study, run_study
 from mmdtl2_dist.study.spec import SpecError, load_spec, parse_spec
 
 
@@ -234,7 +235,7 @@ def test_study_runs_reports_and_tracks(tmp_path, ray_local, mlflow_sqlite):
 
 @pytest.mark.ray
 def test_group_protocol_plan_and_errors(tmp_path, ray_local):
-    from mmdtl2_dist.study.runner import compute_grams, prepare_data
+    from mmdtl2_dist.study.preparation import compute_grams, prepare_data
 
     spec = load_spec(write_spec(tmp_path, protocol="group"), output=tmp_path / "g")
     store, split_file = prepare_data(spec)
@@ -263,7 +264,7 @@ def test_units_call_the_core_with_cv_and_test_gram(tmp_path, ray_local):
     """A unit slices Kqq for mmdt_hoffman, and `select` goes through select_by_cv."""
     from mmdtl2_dist.core.methods import GramProblem, fit_predict
     from mmdtl2_dist.core.selection import select_by_cv
-    from mmdtl2_dist.study.runner import compute_grams, prepare_data
+    from mmdtl2_dist.study.preparation import compute_grams, prepare_data
     from mmdtl2_dist.study.trial import _core_problem, evaluate_unit, unit_blocks
 
     spec = load_spec(write_spec(tmp_path), output=tmp_path / "u")
@@ -317,7 +318,7 @@ def test_bundled_specs_use_core_parameter_names():
 
 
 def test_cpu_accounting_splits_capacity():
-    from mmdtl2_dist.study.runner import cpu_accounting
+    from mmdtl2_dist.study.timing import cpu_accounting
 
     # 2 CPUs for 10 s; trial A 1-6 s (1 CPU), trial B 2-9 s (1 CPU), trial C 6.5-8 s.
     acc = cpu_accounting([(1, 6, 1), (2, 9, 1), (6.5, 8, 1)], 0.0, 10.0, 2)
@@ -774,7 +775,7 @@ def test_auto_unit_learns_from_the_protocols_pool_only(tmp_path, ray_local, mode
     "all", and the unit records the pool size and the rule."""
     from mmdtl2_dist.core.auto import AUTO_RULE
     from mmdtl2_dist.estimators import MMDTL2
-    from mmdtl2_dist.study.runner import compute_grams, prepare_data
+    from mmdtl2_dist.study.preparation import compute_grams, prepare_data
     from mmdtl2_dist.study.trial import _features, evaluate_unit, unit_blocks
 
     spec = load_spec(write_spec(tmp_path), output=tmp_path / "u")

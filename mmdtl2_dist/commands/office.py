@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         run_office,
         study_folder,
     )
-    from mmdtl2_dist.study.runner import StudyInterrupted
+    from mmdtl2_dist.study.interrupt import StudyInterrupted
 
     if args.list:
         for c in COLUMNS:

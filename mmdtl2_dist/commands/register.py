@@ -157,6 +157,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_target_arguments(p)
+    _add_configuration_arguments(p)
+    _add_output_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _add_target_arguments(p: argparse.ArgumentParser) -> None:
+    """The study, the registered model and the device pair."""
     p.add_argument("study", help="study folder written by `mmdtl2 study run` (its output)")
     p.add_argument("--name", required=True, help="registered model name")
     p.add_argument("--alias", default="champion", help="alias to set (default: champion)")
@@ -166,6 +174,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="SOURCE->TARGET device pair (required when the study has several pairs)",
     )
+
+
+def _add_configuration_arguments(p: argparse.ArgumentParser) -> None:
+    """Which configuration: the recommended one, the best trial, or explicit."""
     p.add_argument(
         "--metric",
         default=None,
@@ -201,6 +213,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "or --select auto: the recommended selection rule (--method mmdtl2)"
         ),
     )
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """What is logged, where, and the progress lines."""
     p.add_argument(
         "--export-w",
         action="store_true",
@@ -223,4 +239,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_progress_option(p)
-    p.set_defaults(func=run)

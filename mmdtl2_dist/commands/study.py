@@ -105,7 +105,7 @@ def _resume_command(output: Path, args) -> str:
 
 def _run_or_resume(args, run) -> int:
     """Run ``run()``; on SIGINT/SIGTERM say how to resume and exit 130/143, as shells do."""
-    from mmdtl2_dist.study.runner import StudyInterrupted
+    from mmdtl2_dist.study.interrupt import StudyInterrupted
 
     try:
         rep = run()
@@ -169,7 +169,7 @@ def _report(args) -> int:
 
 
 def _validate(args) -> int:
-    from mmdtl2_dist.study.runner import validate_data
+    from mmdtl2_dist.study.preparation import validate_data
     from mmdtl2_dist.study.spec import load_spec
 
     spec = load_spec(_spec_path(args.spec))

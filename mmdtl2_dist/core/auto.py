@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
-from mmdtl2_dist.core.priors import PoolMap, SamplePool, pca_basis
-from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, cv_folds, sub_problem
+from mmdtl2_dist.core.priors import PoolMap, SamplePool
+from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 
 AUTO_RULE = "auto-2026-11-26"
 MAX_FOLDS = 3
@@ -157,7 +158,7 @@ def held_out_hinge(params: Mapping, prob: GramProblem, folds) -> np.ndarray:
     out = []
     for held in folds:
         res = fit_predict("mmdtl2", params, sub_problem(prob, np.setdiff1d(idx, held), held))
-        out.append(_multiclass_hinge(res.scores, res.classes, prob.yt[held]))
+        out.append(multiclass_hinge(res.scores, res.classes, prob.yt[held]))
     return np.concatenate(out)
 
 
@@ -312,7 +313,7 @@ def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None)
     Returns ``(choice, W0)``: ``W0`` is ``None`` for an identity-prior pick (T, S) and the
     shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
     ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
-    :func:`~mmdtl2_dist.core.priors.pca_basis`), so that the feature-form fit equals the
+    :func:`~mmdtl2_dist.core.gram_pca.pca_basis`), so that the feature-form fit equals the
     Gram-form one.
     """
     if Xs.shape[1] != Xt.shape[1]:

@@ -24,8 +24,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mmdtl2_dist.core.qp import SOLVERS
-
 #: Largest hinge weight (``c_s``, ``c_t``) accepted. The weights bound the dual box QPs of
 #: both steps, and the larger they are, the worse those QPs are conditioned: on
 #: overlapping classes the solvers fail from about 1e7 for ``c_s`` (and, for the W-step of
@@ -41,6 +39,8 @@ _HINGE_TOO_LARGE = (
     f"larger hinge weights make the dual QPs too ill-conditioned to solve ({WEIGHT_ADVICE})"
 )
 KERNELS = ("linear", "rbf", "poly")
+#: The box-QP solvers of :mod:`mmdtl2_dist.core.qp`.
+SOLVERS = ("dcd", "osqp")
 PRIORS = ("zero", "identity", "matrix")
 INITS = ("source", "source+prior")
 

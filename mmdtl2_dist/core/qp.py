@@ -43,8 +43,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdtl2_dist.core.errors import QPSolveError
+from mmdtl2_dist.core.params import SOLVERS
 
-SOLVERS = ("dcd", "osqp")
+__all__ = [
+    "SOLVERS",
+    "QPResult",
+    "QPSolveError",
+    "kkt_residual",
+    "solve_box_qp",
+    "solve_scaled_box_qp",
+]
 
 
 @dataclass

@@ -21,27 +21,23 @@ Folds (``folds``)
 The per-class scheme is the default: on Office-Caltech10 it selected at least as well as
 leave-one-out, at a fraction of the fits (BENCHMARKS.md, "CV selection of the prior").
 
-Which samples share a per-class fold is set by ``fold_order``. ``"canonical"`` (default)
-ranks the samples of a class by :func:`canonical_order`, a key computed from the labelled
-targets' Gram, so one split gives the same folds, and the same choice, however its
-samples are listed (by the estimator's caller, by the study runner by index, or by
-``mmdtl2 office`` in Hoffman's file order). ``"given"`` takes the listed order, which
-makes the choice depend on the listing. ``repeats`` adds rounds of per-class folds over
-seeded within-class shuffles, averaging over more groupings at ``repeats`` times the
-fits (off by default: it measured no consistent gain).
+Which samples share a per-class fold is fixed by :func:`canonical_order`, a key computed
+from the labelled targets' Gram, so one split gives the same folds, and the same choice,
+however its samples are listed (by the estimator's caller, by the study runner by index,
+or in Hoffman's file order). Listed-order folds and repeated rounds of folds were
+measured and not kept (``benchmarks/bench_selection.py --orders``; BENCHMARKS.md).
 
-Criteria (``criterion``)
-------------------------
+The criterion
+-------------
 - ``"hinge"``: the lowest mean held-out multiclass hinge loss
   ``max(0, 1 + max_{j≠y} s_j − s_y)`` (Crammer and Singer's loss). It is continuous, so it
   separates configurations that a few dozen held-out predictions score alike, but it
   compares scores on one scale only when the configurations share the hinge weights and
-  the kernel (:data:`SCALE_KEYS`).
-- ``"accuracy"``: the best held-out accuracy; ties go to the lower hinge loss
-  (``tie_break="hinge"``) or to the first listed (``"order"``).
+  the kernel (:data:`SCALE_KEYS`). It is the criterion when the grid varies none of them;
+- ``"accuracy"``, ties to the first listed, otherwise.
 
-``criterion="auto"`` (default) uses ``"hinge"`` when the grid varies none of
-:data:`SCALE_KEYS` and ``"accuracy"`` otherwise; ``tie_break="auto"`` likewise.
+:func:`choose` applies either to a CV table (and ``"accuracy"`` with ties to the lower
+hinge loss, which the skada baselines' selection uses).
 
 The prior's weight
 ------------------
@@ -69,9 +65,6 @@ from mmdtl2_dist.core.methods import GramProblem, fit_predict
 from mmdtl2_dist.core.threads import one_thread
 
 FOLD_SCHEMES = ("auto", "loo", "per_class")
-CRITERIA = ("auto", "hinge", "accuracy")
-TIE_BREAKS = ("auto", "hinge", "order")
-FOLD_ORDERS = ("canonical", "given")
 # The mixing weight λ of the identity prior W0 = λI; λ = 0 is exactly the paper's zero
 # prior (the prior's Gram blocks vanish). The other parameters are the caller's (c_f
 # hardly matters with a prior, see the module docstring). The dicts are shared: copy one
@@ -83,7 +76,7 @@ PRIOR_WEIGHT_GRID: tuple[dict, ...] = tuple(
 # Grids that can be named instead of listed (estimator ``select=``, ``mmdtl2 office``).
 NAMED_GRIDS: dict[str, tuple[dict, ...]] = {"prior_weight": PRIOR_WEIGHT_GRID}
 # Parameters that change the scale of the scores (the hinge weights and the kernel): a
-# grid over them is judged by accuracy, ties by order, under "auto".
+# grid over them is judged by accuracy, ties by order.
 SCALE_KEYS = ("c_s", "c_t", "kernel", "gamma", "degree", "coef0")
 
 
@@ -124,27 +117,20 @@ def cv_folds(
     loo_max: int = 60,
     *,
     order: np.ndarray | None = None,
-    repeats: int = 1,
-    seed: int = 0,
 ) -> list[np.ndarray]:
     """Held-out index sets of the fold ``scheme`` (see the module docstring).
 
     ``order`` (a permutation of the samples, e.g. :func:`canonical_order`) fixes which
-    sample of a class is its ``j``-th for the ``"per_class"`` scheme; by default the listed
-    order. ``repeats > 1`` adds ``repeats - 1`` more rounds of per-class folds, each over a
-    within-class shuffle of that order drawn from ``seed``: every round holds out the
-    first ``min(n, max_folds)`` samples of every class (``n`` the smallest class), so
-    with classes of ``n ≤ max_folds`` samples each every sample is held out ``repeats``
-    times in different company. Leave-one-out needs neither.
+    sample of a class is its ``j``-th for the ``"per_class"`` scheme, which holds out the
+    first ``min(n, max_folds)`` samples of every class (``n`` the smallest class); by
+    default the listed order. Leave-one-out needs no order.
     """
     if scheme not in FOLD_SCHEMES:
         raise ValueError(f"fold scheme must be one of {FOLD_SCHEMES}, got {scheme!r}.")
-    if isinstance(repeats, bool) or not isinstance(repeats, int | np.integer) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}.")
     yt = np.asarray(yt)
     if scheme == "auto":
         scheme = "loo" if len(yt) <= loo_max else "per_class"
-    if scheme == "loo":  # every sample alone, in label order: no order or rounds needed
+    if scheme == "loo":  # every sample alone, in label order: no order needed
         per_class = [np.flatnonzero(yt == c) for c in np.unique(yt)]
         return [np.array([i]) for ix in per_class if len(ix) >= 2 for i in ix]
     if order is None:
@@ -158,12 +144,7 @@ def cv_folds(
     n = min(len(ix) for ix in per_class) if per_class else 0
     if n < 2:
         return []
-    rng = np.random.default_rng(seed)
-    folds = []
-    for r in range(int(repeats)):
-        rows = per_class if r == 0 else [rng.permutation(ix) for ix in per_class]
-        folds += [np.array([ix[j] for ix in rows]) for j in range(min(n, max_folds))]
-    return folds
+    return [np.array([ix[j] for ix in per_class]) for j in range(min(n, max_folds))]
 
 
 def sub_problem(prob: GramProblem, train: np.ndarray, held: np.ndarray) -> GramProblem:
@@ -195,11 +176,6 @@ def select_by_cv(
     max_folds: int = 10,
     folds: str = "per_class",
     loo_max: int = 60,
-    criterion: str = "auto",
-    tie_break: str = "auto",
-    fold_order: str = "canonical",
-    repeats: int = 1,
-    seed: int = 0,
 ) -> tuple[dict, list[dict]]:
     """Choose the configuration of ``grid`` that cross-validates best.
 
@@ -217,97 +193,69 @@ def select_by_cv(
         Fold scheme (module docstring).
     loo_max : int
         ``"auto"`` leaves one out up to this many labelled target samples.
-    criterion : {"auto", "hinge", "accuracy"}
-        Lowest mean held-out multiclass hinge loss, or best held-out accuracy (module
-        docstring). ``"auto"`` (default): ``"hinge"`` when the grid does not vary any of
-        :data:`SCALE_KEYS` (the scores then share one scale), ``"accuracy"`` otherwise.
-    tie_break : {"auto", "hinge", "order"}
-        For ``criterion="accuracy"``: among equally accurate configurations, the one with
-        the lowest hinge loss or the first listed; ``"auto"`` resolves as ``criterion``.
-    fold_order : {"canonical", "given"}
-        Which sample of a class is its ``j``-th for the ``"per_class"`` folds:
-        :func:`canonical_order` of the labelled targets' Gram (the same folds however the
-        samples are listed), or the order in which they are listed.
-    repeats, seed : int
-        Rounds of per-class folds over within-class shuffles (:func:`cv_folds`).
 
     Returns
     -------
     best : dict
         The chosen parameters.
     table : list of dict
-        One row per configuration: ``params``, ``cv_accuracy`` (or None), ``cv_hinge``,
-        ``n_folds``, ``folds`` (the scheme used), ``criterion`` and ``tie_break`` (as
-        resolved), and for ``"per_class"`` folds ``fold_order``, ``repeats`` and ``seed``
-        (None for leave-one-out, which uses neither).
+        One row per configuration (:func:`cv_table`), with the fold ``scheme`` and the
+        ``criterion`` and ``tie_break`` the grid was judged by (module docstring).
     """
-    if criterion not in CRITERIA:
-        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}.")
-    if tie_break not in TIE_BREAKS:
-        raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}.")
     grid = [dict(g) for g in grid]
     if not grid:
         raise ValueError("the selection grid is empty; give at least one configuration.")
     varied = {k for k in SCALE_KEYS if len({repr(g.get(k)) for g in grid}) > 1}
-    if criterion == "auto":
-        criterion = "accuracy" if varied else "hinge"
-    if tie_break == "auto":
-        tie_break = "order" if varied else "hinge"
+    criterion, tie_break = ("accuracy", "order") if varied else ("hinge", "hinge")
     scheme = folds
     if scheme == "auto":
         scheme = "loo" if len(problem.yt) <= loo_max else "per_class"
-    if fold_order not in FOLD_ORDERS:
-        raise ValueError(f"fold_order must be one of {FOLD_ORDERS}, got {fold_order!r}.")
-    per_class = scheme == "per_class"
-    perm = canonical_order(problem.Ktt) if per_class and fold_order == "canonical" else None
-    how = {
-        "fold_order": fold_order if per_class else None,
-        "repeats": repeats if per_class else None,
-        "seed": seed if per_class else None,
-    }
-    held_sets = cv_folds(problem.yt, max_folds, scheme, order=perm, repeats=repeats, seed=seed)
+    perm = canonical_order(problem.Ktt) if scheme == "per_class" else None
+    held_sets = cv_folds(problem.yt, max_folds, scheme, order=perm)
+    table = cv_table(method, grid, problem, held_sets)
+    for row in table:
+        row.update(folds=scheme, criterion=criterion, tie_break=tie_break)
     if not held_sets:
-        table = [
-            {
-                "params": g,
-                "cv_accuracy": None,
-                "cv_hinge": None,
-                "n_folds": 0,
-                "folds": scheme,
-                **how,
-                "criterion": criterion,
-                "tie_break": tie_break,
-            }
-            for g in grid
-        ]
         table[0]["note"] = "too few labelled target samples per class: no CV possible"
         return grid[0], table
+    return grid[choose(table, criterion, tie_break)], table
+
+
+def cv_table(
+    method: str, grid: Sequence[Mapping], problem: GramProblem, held_sets: list[np.ndarray]
+) -> list[dict]:
+    """Every configuration of ``grid`` scored on the folds ``held_sets``.
+
+    One row per configuration: ``params``, ``cv_accuracy`` and ``cv_hinge`` (held-out
+    accuracy and mean multiclass hinge loss over all folds; None without folds) and
+    ``n_folds``.
+    """
+    if not held_sets:
+        return [
+            {"params": dict(g), "cv_accuracy": None, "cv_hinge": None, "n_folds": 0} for g in grid
+        ]
     all_idx = np.arange(len(problem.yt))
-    subs = []
-    for held in held_sets:
-        train = np.setdiff1d(all_idx, held)
-        subs.append((sub_problem(problem, train, held), problem.yt[held]))
-    table = []
+    subs = [
+        (sub_problem(problem, np.setdiff1d(all_idx, held), held), problem.yt[held])
+        for held in held_sets
+    ]
     n_held = sum(len(yh) for _, yh in subs)
+    table = []
     for g in grid:
         hits, hinge = 0, 0.0
         for sp, yh in subs:
             res = fit_predict(method, g, sp)
             hits += int(np.sum(res.y_pred == yh))
-            hinge += float(np.sum(_multiclass_hinge(res.scores, res.classes, yh)))
+            hinge += float(np.sum(multiclass_hinge(res.scores, res.classes, yh)))
         table.append(
             {
-                "params": g,
+                "params": dict(g),
                 "cv_accuracy": hits / n_held,
                 "cv_hinge": hinge / n_held,
                 "n_folds": len(subs),
-                "folds": scheme,
-                **how,
-                "criterion": criterion,
-                "tie_break": tie_break,
             }
         )
-    return grid[choose(table, criterion, tie_break)], table
+    return table
 
 
 def choose(table: Sequence[Mapping], criterion: str, tie_break: str = "order") -> int:
@@ -337,7 +285,7 @@ def choose(table: Sequence[Mapping], criterion: str, tie_break: str = "order") -
     return max(range(len(table)), key=rank)
 
 
-def _multiclass_hinge(scores: np.ndarray, classes: np.ndarray, y: np.ndarray) -> np.ndarray:
+def multiclass_hinge(scores: np.ndarray, classes: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``max(0, 1 + max_{j≠y} s_j − s_y)`` per sample (Crammer & Singer's loss)."""
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim == 1:  # binary decision function: class 1 positive

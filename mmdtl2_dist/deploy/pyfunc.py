@@ -44,8 +44,7 @@ SHIPPED_MODULES = (
     "__init__.py",
     "core/errors.py",
     "core/kernels.py",
-    "core/params.py",  # the kernels' parameter checks (numpy only)
-    "core/qp.py",  # the solver names params.py lists (its solvers are imported when used)
+    "core/params.py",  # the kernels' parameter checks (pure Python, imports nothing)
     "core/preprocessing.py",
     "core/adapter.py",
     "core/threads.py",

@@ -17,7 +17,6 @@ deployed: ``mmdtl2`` and ``mmdt`` (MMDTL2 with ``c_f = 1``, ``c_d = 0``).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import warnings
@@ -102,7 +101,7 @@ def open_study(folder: str | Path, tracking_uri: str | None = None) -> StudyHand
 def study_pairs(handle: StudyHandle) -> list[tuple[str, str]]:
     """The study's (source, target) device pairs, checked against its store."""
     from mmdtl2_dist.store.feature_store import FeatureStore
-    from mmdtl2_dist.study.runner import resolve_pairs
+    from mmdtl2_dist.study.preparation import resolve_pairs
 
     return resolve_pairs(handle.spec, FeatureStore.open(handle.store))
 
@@ -373,11 +372,9 @@ def _estimator(cfg: ChosenConfig, full: dict, preprocessing: str):
     if cfg.select == "auto":
         select = "auto"
     elif cfg.select:
-        names = list(cfg.select)
-        select = [
-            core_params(dict(zip(names, vals, strict=True)))
-            for vals in itertools.product(*(cfg.select[k] for k in names))
-        ]
+        from mmdtl2_dist.core.evaluate import expand_grid
+
+        select = [core_params(g) for g in expand_grid({}, cfg.select)]
     est_params = {k: v for k, v in full.items() if k in MMDTL2().get_params()}
     return MMDTL2(**est_params, preprocessing=preprocessing, select=select)
 

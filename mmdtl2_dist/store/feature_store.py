@@ -2,8 +2,8 @@
 
 See :mod:`mmdtl2_dist.store.layout` for the layout on disk. :class:`StoreWriter` builds a
 store atomically (everything goes to a hidden sibling directory that is renamed into
-place only when complete); :class:`FeatureStore` reads one; :func:`read_array_block` is
-the small, picklable reader the Gram engine's tasks use.
+place only when complete); :class:`FeatureStore` reads one. The array-level pieces are in
+:mod:`.array_writer` (writing, fingerprint) and :mod:`.blocks` (reading, damaged chunks).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from mmdtl2_dist.progress import Progress
+from mmdtl2_dist.store.array_writer import ArrayWriter, check_consistency, store_fingerprint
+from mmdtl2_dist.store.blocks import CorruptChunkError, read_array_block
 from mmdtl2_dist.store.layout import (
     FEATURES_GROUP,
     FORMAT_VERSION,
@@ -32,256 +34,10 @@ from mmdtl2_dist.store.layout import (
 )
 from mmdtl2_dist.store.outputs import FEATURE_STORE, StagedOutput, claim_output
 
+__all__ = ["CorruptChunkError", "FeatureStore", "StoreWriter", "read_array_block"]
+
 COMPRESSION = ("none", "zstd")
-_MAX_ROWS_NAMED = 20
 PROGRESS_MIN_BYTES = 256 << 20  # arrays at least this large report progress
-
-
-class CorruptChunkError(ValueError):
-    """A chunk of a Zarr array failed its checksum, could not be decoded or is missing.
-
-    Attributes
-    ----------
-    array_path : str
-        Absolute path of the Zarr array.
-    chunks : list of tuple of int
-        Grid coordinates of the bad chunks.
-    """
-
-    def __init__(self, array_path: str, chunks: list[tuple[int, ...]], reason: str):
-        self.array_path = array_path
-        self.chunks = chunks
-        listed = ", ".join(str(c) for c in chunks[:10])
-        more = f" and {len(chunks) - 10} more" if len(chunks) > 10 else ""
-        super().__init__(
-            f"corrupt data in {array_path}: chunk(s) {listed}{more} {reason}. The store is "
-            "damaged; re-run `mmdtl2 ingest` (or restore it from a copy). "
-            "`FeatureStore.open(path).verify()` lists every bad chunk."
-        )
-
-    def __reduce__(self):
-        # Keep the attributes when the error crosses a Ray process boundary.
-        return (_rebuild_corrupt, (self.array_path, self.chunks, str(self)))
-
-
-def _rebuild_corrupt(array_path, chunks, message):
-    err = CorruptChunkError.__new__(CorruptChunkError)
-    ValueError.__init__(err, message)
-    err.array_path, err.chunks = array_path, chunks
-    return err
-
-
-def _chunk_grid(shape, chunks, r0, r1, c0, c1) -> list[tuple[int, int]]:
-    rs = range(r0 // chunks[0], (max(r1, r0 + 1) - 1) // chunks[0] + 1)
-    cs = range(c0 // chunks[1], (max(c1, c0 + 1) - 1) // chunks[1] + 1)
-    return [(i, j) for i in rs for j in cs]
-
-
-def _locate_bad_chunks(arr, r0: int, r1: int, c0: int, c1: int) -> tuple[list, str]:
-    """Read a region chunk by chunk to name the chunks that fail or read as missing."""
-    bad, reasons = [], set()
-    cr, cc = arr.chunks
-    for i, j in _chunk_grid(arr.shape, arr.chunks, r0, r1, c0, c1):
-        sl = (
-            slice(i * cr, min((i + 1) * cr, arr.shape[0])),
-            slice(j * cc, min((j + 1) * cc, arr.shape[1])),
-        )
-        try:
-            block = arr[sl]
-        except Exception as exc:  # noqa: BLE001 - any decode failure is corruption here
-            bad.append((i, j))
-            reasons.add(f"failed to decode ({type(exc).__name__}: {exc})")
-            continue
-        if np.issubdtype(block.dtype, np.floating) and np.isnan(block).all():
-            bad.append((i, j))
-            reasons.add("are missing (read back as the NaN fill value)")
-    return bad, "; ".join(sorted(reasons)) or "could not be read"
-
-
-_OPEN_ARRAYS: dict[str, zarr.Array] = {}
-
-
-def _open_cached(array_path: str) -> zarr.Array:
-    arr = _OPEN_ARRAYS.get(array_path)
-    if arr is None:
-        arr = zarr.open_array(array_path, mode="r")
-        if len(_OPEN_ARRAYS) > 64:
-            _OPEN_ARRAYS.clear()
-        _OPEN_ARRAYS[array_path] = arr
-    return arr
-
-
-def read_array_block(
-    array_path: str, r0: int, r1: int, c0: int, c1: int, *, check_finite: bool = True
-) -> np.ndarray:
-    """Read ``array[r0:r1, c0:c1]`` of a feature array, refusing damaged data.
-
-    Parameters
-    ----------
-    array_path : str
-        Absolute path of the Zarr array (as given by :meth:`FeatureStore.array_path`).
-    r0, r1, c0, c1 : int
-        Row and column range.
-    check_finite : bool
-        Refuse non-finite values (NaN is the fill value of a lost chunk). A caller that
-        checks its results instead (a NaN reaches every product it enters) passes False
-        and saves a pass over the data, then reads again with the check to name the
-        damaged chunks.
-
-    Returns
-    -------
-    ndarray of shape (r1 - r0, c1 - c0)
-        The stored values, in the stored dtype.
-
-    Raises
-    ------
-    CorruptChunkError
-        If a chunk fails its checksum, cannot be decoded, or is missing.
-    """
-    arr = _open_cached(array_path)
-    try:
-        block = arr[r0:r1, c0:c1]
-    except Exception as exc:  # noqa: BLE001 - translated into a located error below
-        bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
-        raise CorruptChunkError(array_path, bad or [("?",)], reason) from exc
-    # Ingest refuses NaN and NaN is the fill value: a NaN here is a lost chunk.
-    if check_finite and block.size and not np.isfinite(block).all():
-        bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
-        raise CorruptChunkError(array_path, bad or [("?",)], reason or "hold non-finite values")
-    return block
-
-
-class ArrayWriter:
-    """Sequential writer of one feature array inside a :class:`StoreWriter`.
-
-    Rows are appended in order (:meth:`append`) and written to Zarr one chunk-row band
-    at a time, so memory stays at one band whatever the array size.
-    """
-
-    def __init__(self, arr: zarr.Array, device: str, space: str, source: str):
-        self._arr = arr
-        self.device, self.space, self.source = device, space, source
-        self.n_rows, self.n_features = arr.shape
-        self._band = np.empty((arr.chunks[0], self.n_features), dtype=arr.dtype)
-        self._fill = 0
-        self.rows_written = 0
-        self._hash = hashlib.blake2b(digest_size=16)
-        self._bad_rows: list[int] = []
-        self._n_bad = 0
-        self.meta: dict[str, np.ndarray] = {}
-
-    def append(self, block: np.ndarray) -> None:
-        """Append rows (samples) in order; non-finite rows are recorded and refused."""
-        block = np.asarray(block)
-        if block.ndim == 1:
-            block = block[None, :]
-        if block.ndim != 2 or block.shape[1] != self.n_features:
-            raise ValueError(
-                f"{self.source}: rows of shape {block.shape} do not fit the array "
-                f"{self.device}/{self.space} of {self.n_features} features."
-            )
-        if self.rows_written + block.shape[0] > self.n_rows:
-            raise ValueError(
-                f"{self.source}: {self.rows_written + block.shape[0]} rows given for "
-                f"{self.device}/{self.space}, declared {self.n_rows}."
-            )
-        if not np.issubdtype(block.dtype, np.number) or np.iscomplexobj(block):
-            raise ValueError(
-                f"{self.source}: features must be real numbers, got dtype {block.dtype}."
-            )
-        finite = np.isfinite(block).all(axis=1)
-        if not finite.all():
-            rows = self.rows_written + np.flatnonzero(~finite)
-            self._n_bad += rows.size
-            self._bad_rows.extend(rows[: _MAX_ROWS_NAMED - len(self._bad_rows)].tolist())
-        start = 0
-        while start < block.shape[0]:
-            take = min(block.shape[0] - start, self._band.shape[0] - self._fill)
-            self._band[self._fill : self._fill + take] = block[start : start + take]
-            self._fill += take
-            start += take
-            self.rows_written += take
-            if self._fill == self._band.shape[0] or self.rows_written == self.n_rows:
-                self._flush()
-
-    def _flush(self) -> None:
-        if self._fill == 0:
-            return
-        stop = self.rows_written
-        band = self._band[: self._fill]
-        if self._n_bad == 0:  # once refused, stop writing but keep scanning for rows to name
-            self._arr[stop - self._fill : stop] = band
-            self._hash.update(np.ascontiguousarray(band).tobytes())
-        self._fill = 0
-
-    def set_metadata(self, **columns) -> None:
-        """Per-sample metadata: ``label``, ``class_name``, ``group``, ``sample_id``."""
-        for name, values in columns.items():
-            if values is None:
-                continue
-            if name not in ("label", "class_name", "group", "sample_id"):
-                raise ValueError(f"unknown metadata column {name!r}.")
-            values = np.asarray(values).reshape(-1)
-            if values.shape[0] != self.n_rows:
-                raise ValueError(
-                    f"{self.source}: {name} has {values.shape[0]} entries for "
-                    f"{self.n_rows} samples of {self.device}/{self.space}."
-                )
-            self.meta[name] = values
-
-    def finish(self) -> tuple[pd.DataFrame, str]:
-        """Check completeness and finiteness; return the metadata table and data hash."""
-        if self._n_bad:
-            listed = ", ".join(str(r) for r in self._bad_rows)
-            more = (
-                f" (and {self._n_bad - len(self._bad_rows)} more)"
-                if self._n_bad > len(self._bad_rows)
-                else ""
-            )
-            raise ValueError(
-                f"{self.source}: {self._n_bad} sample(s) of {self.device}/{self.space} hold NaN "
-                f"or Inf, rows {listed}{more} (0-based). Remove or repair them before ingest."
-            )
-        if self.rows_written != self.n_rows:
-            raise ValueError(
-                f"{self.source}: {self.rows_written} rows written to {self.device}/{self.space}, "
-                f"declared {self.n_rows}."
-            )
-        n = self.n_rows
-        label = self.meta.get("label")
-        label = np.full(n, -1, np.int64) if label is None else _as_int_labels(label, self.source)
-        class_name = self.meta.get("class_name")
-        if class_name is None:
-            class_name = np.where(label >= 0, label.astype(str), "")
-        group = self.meta.get("group")
-        sample_id = self.meta.get("sample_id")
-        table = pd.DataFrame(
-            {
-                "device": self.device,
-                "space": self.space,
-                "row": np.arange(n, dtype=np.int64),
-                "label": label,
-                "class_name": np.asarray(class_name).astype(str),
-                "group": np.full(n, "") if group is None else np.asarray(group).astype(str),
-                "sample_id": (
-                    np.array([f"{self.device}/{i}" for i in range(n)])
-                    if sample_id is None
-                    else np.asarray(sample_id).astype(str)
-                ),
-            }
-        )
-        return table, self._hash.hexdigest()
-
-
-def _as_int_labels(label: np.ndarray, source: str) -> np.ndarray:
-    if label.dtype.kind in "iu":
-        return label.astype(np.int64)
-    if label.dtype.kind == "f" and np.all(np.isfinite(label)) and np.all(label == np.round(label)):
-        return label.astype(np.int64)
-    raise ValueError(
-        f"{source}: labels must be integers, got dtype {label.dtype} (e.g. {label[:3]!r}); "
-        "give class names separately as class_name."
-    )
 
 
 class StoreWriter:
@@ -427,12 +183,12 @@ class StoreWriter:
             table, digest = w.finish()
             tables.append(table)
             hashes.append((w.device, w.space, w.n_rows, w.n_features, str(w._arr.dtype), digest))
-        _check_consistency(self._writers, tables)
+        check_consistency(self._writers, tables)
         metadata = pd.concat(tables, ignore_index=True)
         metadata = metadata.sort_values(["device", "space", "row"], kind="stable")
         metadata = metadata.reset_index(drop=True)
         metadata.to_parquet(self._tmp / METADATA_FILE, index=False)
-        fingerprint = _fingerprint(sorted(hashes), metadata)
+        fingerprint = store_fingerprint(sorted(hashes), metadata)
         self._root.attrs[ROOT_ATTR] = {
             "format": FORMAT_VERSION,
             "fingerprint": fingerprint,
@@ -447,41 +203,6 @@ class StoreWriter:
             (self._tmp / name).write_bytes(data)
         claim_output(self.path, FEATURE_STORE, overwrite=self.overwrite)  # still ours?
         self._stage.commit()
-
-
-def _check_consistency(writers: list[ArrayWriter], tables: list[pd.DataFrame]) -> None:
-    by_space: dict[str, int] = {}
-    by_device: dict[str, tuple[ArrayWriter, pd.DataFrame]] = {}
-    for w, t in zip(writers, tables, strict=True):
-        if by_space.setdefault(w.space, w.n_features) != w.n_features:
-            raise ValueError(
-                f"space {w.space!r} has {by_space[w.space]} features on one device and "
-                f"{w.n_features} on {w.device!r}; a space must have one dimension (name "
-                "spaces of different dimension differently, e.g. conv3 and conv5)."
-            )
-        if w.device in by_device:
-            w0, t0 = by_device[w.device]
-            same = (
-                w0.n_rows == w.n_rows
-                and np.array_equal(t0["label"].to_numpy(), t["label"].to_numpy())
-                and np.array_equal(t0["sample_id"].to_numpy(), t["sample_id"].to_numpy())
-            )
-            if not same:
-                raise ValueError(
-                    f"device {w.device!r} has spaces {w0.space!r} ({w0.n_rows} rows) and "
-                    f"{w.space!r} ({w.n_rows} rows) with different samples, labels or ids; "
-                    "the spaces of one device must describe the same samples in the same order."
-                )
-        else:
-            by_device[w.device] = (w, t)
-
-
-def _fingerprint(hashes: list[tuple], metadata: pd.DataFrame) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for item in hashes:
-        h.update(repr(item).encode())
-    h.update(metadata.to_csv(index=False).encode())
-    return h.hexdigest()
 
 
 def _damaged(path: Path, problem: str) -> ValueError:
@@ -721,7 +442,7 @@ class FeatureStore:
             hashes.append((device, space, a["n_rows"], a["n_features"], a["dtype"], h.hexdigest()))
             if not ok:
                 continue
-        if not problems and _fingerprint(hashes, self.metadata) != self.fingerprint:
+        if not problems and store_fingerprint(hashes, self.metadata) != self.fingerprint:
             problems.append(
                 f"{self.path}: content does not match the stored fingerprint "
                 f"{self.fingerprint}; the store was modified after ingest."

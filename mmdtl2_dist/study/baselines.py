@@ -224,7 +224,7 @@ def _choose_by_cv(candidates: list, grid: list, ys, yt, Xt_lab) -> tuple[int, li
     ``candidates[i]`` is ``(setting, (Zs, w, Zt), _)`` with the labelled targets the first
     rows of ``Zt``, in the order of ``yt`` and ``Xt_lab``.
     """
-    from mmdtl2_dist.core.selection import _multiclass_hinge, canonical_order, choose, cv_folds
+    from mmdtl2_dist.core.selection import canonical_order, choose, cv_folds, multiclass_hinge
 
     if len(grid) == 1:
         return 0, None
@@ -240,7 +240,7 @@ def _choose_by_cv(candidates: list, grid: list, ys, yt, Xt_lab) -> tuple[int, li
             svm = _fit_svm(np.vstack([Zs, Zt[train]]), np.concatenate([ys, yt[train]]), w, c)
             hits += float(np.sum(svm.predict(Zt[held]) == yt[held]))
             scores = svm.decision_function(Zt[held])
-            hinge += float(_multiclass_hinge(scores, svm.classes_, yt[held]).sum())
+            hinge += float(multiclass_hinge(scores, svm.classes_, yt[held]).sum())
         n = sum(len(h) for h in folds)
         table.append({**setting, "c": c, "cv_accuracy": hits / n, "cv_hinge": hinge / n})
     return choose(table, "accuracy", "hinge"), table

@@ -46,8 +46,9 @@ EXECUTORS = {
 }
 
 #: The signal that stopped the running study (``None`` until one comes) and whether an
-#: executor is running trials (then it stops at its next step; see the runner's
-#: ``_stop_on_signals``). Module state: Tune's stopper finds it by reference.
+#: executor is running trials (then it stops at its next step; see
+#: :func:`mmdtl2_dist.study.interrupt.stop_on_signals`). Module state: Tune's stopper
+#: finds it by reference.
 STOP: dict = {"signum": None, "in_trials": False, "handler": None}
 
 
@@ -74,6 +75,12 @@ class Executor(Protocol):
 
     def close(self) -> None:
         """Release what :meth:`start` acquired."""
+
+
+def missing_trials(output, trials: list) -> list:
+    """The trials of ``trials`` with no result file in the study folder ``output``."""
+    results = Path(output) / "results"
+    return [t for t in trials if not (results / f"{t.key}.json").exists()]
 
 
 def make_executor(name: str, *, address: str | None, num_cpus: int | None) -> Executor:
@@ -327,7 +334,7 @@ class LocalExecutor:
         while futures:
             done, _ = wait(futures, timeout=0.5, return_when=FIRST_COMPLETED)
             if STOP["signum"] is not None:
-                raise KeyboardInterrupt  # see the runner's _stop_on_signals
+                raise KeyboardInterrupt  # see study.interrupt.stop_on_signals
             for fut in done:
                 part = parts[futures.pop(fut)]
                 if part.failed or fut.cancelled():

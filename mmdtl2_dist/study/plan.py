@@ -34,6 +34,8 @@ from mmdtl2_dist.study.splits import Split
 PLAN_FORMAT = "mmdtl2-study-plan"
 PLAN_VERSION = 1
 PLAN_FILE = "plan.json"
+#: The study folder's state file (spec, Gram provenance, last run's timing).
+STATE_FILE = "study.json"
 
 _PAIR_STRINGS = (
     "name",

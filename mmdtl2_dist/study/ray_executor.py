@@ -97,7 +97,7 @@ def _fit(tuner, sink, out: Path) -> None:
         if r.metrics and "payload" in r.metrics:
             sink(json.loads(r.metrics["payload"]))
     if STOP["signum"] is not None:
-        raise KeyboardInterrupt  # trials stopped by a signal; see the runner's _stop_on_signals
+        raise KeyboardInterrupt  # trials stopped by a signal; see study.interrupt.stop_on_signals
     errors = [str(e) for e in grid.errors]
     if errors:
         raise trials_failed(errors, out)

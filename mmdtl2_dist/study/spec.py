@@ -53,9 +53,7 @@ See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,12 +61,10 @@ from typing import Any
 
 import yaml
 
+from mmdtl2_dist.core.evaluate import expand_grid
 from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
 from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
 from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
-from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
-from mmdtl2_dist.engine.products import PRECISIONS as GRAM_PRECISIONS
-from mmdtl2_dist.study.splits import PROTOCOLS
 
 #: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
 CORE_METHODS = tuple(CORE_DEFAULTS)
@@ -92,6 +88,8 @@ EXTRA_PARAMS: dict[str, dict[str, Param]] = {
 #: Spec spellings of the core's ``None`` (TOML has no null).
 NONE_WORDS = {k: p.none_word for k, p in PARAMS.items() if p.none_word is not None}
 BUILTIN_DATA = ("office_caltech10",)
+#: The sections (tables) of a spec.
+SECTIONS = ("study", "data", "gram", "splits", "methods", "execution", "tracking", "report")
 #: Which unlabelled target samples the methods that use them see (``select = "auto"``'s
 #: prior pool, the skada baselines' target samples): every non-test sample of the target
 #: device (inductive), also the test samples (transductive) or none.
@@ -219,9 +217,7 @@ def expand_configs(methods: list[MethodSpec]) -> list[MethodConfig]:
     """Expand each method's grid into configurations, labelled ``label [k=v, ...]``."""
     out = []
     for m in methods:
-        names = list(m.grid)
-        for values in itertools.product(*(m.grid[n] for n in names)):
-            swept = dict(zip(names, values, strict=True))
+        for swept in expand_grid({}, m.grid):
             label = m.label
             if swept:
                 label += " [" + ", ".join(f"{k}={_fmt(v)}" for k, v in swept.items()) + "]"
@@ -252,29 +248,6 @@ def trial_key(config: MethodConfig, n_per_class: int, unlabelled: str = "non-tes
 
 def _err(where: str, msg: str) -> SpecError:
     return SpecError(f"study spec: [{where}] {msg}")
-
-
-def _table(raw: dict, name: str, required: bool = False) -> dict:
-    t = raw.get(name)
-    if t is None:
-        if required:
-            raise _err(name, f"missing table; add a [{name}] section.")
-        return {}
-    if not isinstance(t, dict):
-        raise _err(name, f"must be a table, got {type(t).__name__}.")
-    return t
-
-
-def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise _err(where, f"unknown key(s) {unknown}; allowed keys are {sorted(allowed)}.")
-
-
-def _int(where: str, key: str, v: Any, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise _err(where, f"{key} must be an integer >= {minimum}, got {v!r}.")
-    return v
 
 
 def core_params(params: dict) -> dict:
@@ -311,151 +284,6 @@ def check_param(where: str, method: str, name: str, value: Any) -> None:
         )
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _grid(where: str, method: str, g: Any, what: str) -> dict[str, list]:
-    if g is None:
-        return {}
-    if not isinstance(g, dict):
-        raise _err(where, f"{what} must be a table of parameter = [values], got {g!r}.")
-    out = {}
-    for k, vals in g.items():
-        if not isinstance(vals, list) or not vals:
-            raise _err(
-                where,
-                f"{what}.{k} must be a non-empty list of values, got {vals!r}; "
-                f"write {k} = [value1, value2].",
-            )
-        if len(set(map(repr, vals))) != len(vals):
-            raise _err(where, f"{what}.{k} repeats a value: {vals!r}.")
-        for v in vals:
-            check_param(where, method, k, v)
-        out[k] = list(vals)
-    return out
-
-
-def _methods(raw: Any) -> list[MethodSpec]:
-    if not isinstance(raw, list) or not raw:
-        raise _err(
-            "methods",
-            'at least one [[methods]] entry is needed, e.g. [[methods]] method = "mmdtl2".',
-        )
-    out, labels = [], set()
-    for i, m in enumerate(raw):
-        where = f"methods #{i + 1}"
-        if not isinstance(m, dict):
-            raise _err(where, "each method must be a table.")
-        _check_keys(where, m, {"label", "method", "params", "grid", "select", "unlabelled"})
-        method = m.get("method")
-        if method not in ALL_METHODS:
-            raise _err(where, f"unknown method {method!r}; choose one of {ALL_METHODS}.")
-        label = str(m.get("label", method))
-        if label in labels:
-            raise _err(
-                where, f"label {label!r} is used twice; give each method entry a distinct label."
-            )
-        labels.add(label)
-        params = m.get("params", {}) or {}
-        if not isinstance(params, dict):
-            raise _err(where, f"params must be a table, got {params!r}.")
-        for k, v in params.items():
-            check_param(where, method, k, v)
-        grid = _grid(where, method, m.get("grid"), "grid")
-        if m.get("select") == "auto":
-            _check_auto(where, method, {**params, **grid})
-            select = "auto"
-        else:
-            select = _grid(where, method, m.get("select"), "select")
-        both = sorted(set(grid) & set(select if isinstance(select, dict) else {}))
-        if both:
-            raise _err(
-                where,
-                f"{both} are both swept (grid) and selected (select); keep "
-                "each parameter in one of them.",
-            )
-        if select and method in EXTRA_METHODS:
-            raise _err(
-                where,
-                f"select (cross-validation) is offered for the core methods "
-                f"{CORE_METHODS}, not {method!r}.",
-            )
-        unlabelled = m.get("unlabelled")
-        if unlabelled is not None:
-            unlabelled = _unlabelled(where, unlabelled)
-        out.append(MethodSpec(label, method, dict(params), grid, select, unlabelled))
-    return out
-
-
-def _check_auto(where: str, method: str, params: dict) -> None:
-    """``select = "auto"``: MMDTL2 only, and the rule's own parameters left to it."""
-    from mmdtl2_dist.core.auto import RULE_KEYS
-
-    if method != "mmdtl2":
-        raise _err(where, f'select = "auto" is a rule for method "mmdtl2", not {method!r}.')
-    fixed = sorted(set(params) & set(RULE_KEYS))
-    if fixed:
-        raise _err(
-            where,
-            f'select = "auto" chooses {list(RULE_KEYS)} itself; remove {fixed} from '
-            "params and grid.",
-        )
-
-
-def _unlabelled(where: str, value: Any) -> str:
-    """The unlabelled target pool: ``"non-test"``, ``"all"`` or ``"none"``."""
-    if value not in UNLABELLED_POOLS:
-        raise _err(
-            where,
-            f'unlabelled must be one of {UNLABELLED_POOLS}, got {value!r}: "non-test" '
-            '(every target sample of the device outside the test set), "all" (also the '
-            "test samples' features, never their labels: the transductive protocol) or "
-            '"none" (the labelled target samples only).',
-        )
-    return value
-
-
-def _resolve(base: Path | None, p: str) -> Path:
-    q = Path(p).expanduser()
-    if not q.is_absolute() and base is not None:
-        q = base / q
-    return q.resolve()
-
-
-def _gram_dir(base: Path | None, value: Any) -> Path | None:
-    """``[data] gram_dir``: the Gram folder (created when a Gram is first computed)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise _err(
-            "data", f'gram_dir must be a folder path, e.g. gram_dir = "grams"; got {value!r}.'
-        )
-    folder = _resolve(base, value)
-    if folder.exists() and not folder.is_dir():
-        raise _err(
-            "data",
-            f"gram_dir {str(folder)!r} is a file, not a folder; point it at the folder that "
-            "holds the Grams (relative paths are read from the spec file's folder).",
-        )
-    return folder
-
-
-def _gram_precision(raw: dict) -> str:
-    """``[gram] precision``: the precision of the study's Grams (default exact float64)."""
-    gram = _table(raw, "gram")
-    _check_keys("gram", gram, {"precision"})
-    precision = gram.get("precision", "float64")
-    if precision not in GRAM_PRECISIONS:
-        raise _err(
-            "gram",
-            f'precision must be one of {GRAM_PRECISIONS}, got {precision!r}: "float64" is '
-            'the exact Gram, "mixed" multiplies float32 features in float32 and sums in '
-            "float64 (faster, relative error about 1e-7 on nonnegative features).",
-        )
-    return precision
-
-
 def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = None) -> StudySpec:
     """Validate a spec given as a dict (the parsed TOML/YAML).
 
@@ -474,229 +302,20 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
     SpecError
         With the offending key and how to fix it.
     """
+    from mmdtl2_dist.study import spec_sections as sections
+
     if not isinstance(raw, dict):
         raise SpecError("study spec: the file must hold a table/mapping at top level.")
-    _check_keys(
-        "top level",
-        raw,
-        {"study", "data", "gram", "splits", "methods", "execution", "tracking", "report"},
-    )
+    sections.check_keys("top level", raw, set(SECTIONS))
     base = path.parent if path is not None else None
-    study = _table(raw, "study", required=True)
-    _check_keys("study", study, {"name", "seed", "output", "description"})
-    name = study.get("name")
-    if not isinstance(name, str) or not name or any(c in name for c in "/\\:"):
-        raise _err(
-            "study", f"name must be a non-empty string without '/', '\\' or ':', got {name!r}."
-        )
-    seed = _int("study", "seed", study.get("seed", 0))
-    out = output if output is not None else study.get("output")
-    out_path = (
-        Path(out).expanduser().resolve()
-        if out is not None
-        else (Path.cwd() / DEFAULT_OUTPUT_ROOT / name).resolve()
-    )
-
-    data = _table(raw, "data", required=True)
-    _check_keys(
-        "data",
-        data,
-        {
-            "store",
-            "builtin",
-            "synthetic",
-            "preprocessing",
-            "source_space",
-            "target_space",
-            "space",
-            "pairs",
-            "gram_dir",
-        },
-    )
-    sources = [k for k in ("store", "builtin", "synthetic") if k in data]
-    if len(sources) != 1:
-        raise _err(
-            "data",
-            'give exactly one of store = "path", builtin = '
-            f'"office_caltech10" or a [data.synthetic] table; got {sources}.',
-        )
-    store = builtin = synthetic = None
-    if "store" in data:
-        store = _resolve(base, str(data["store"]))
-        if not store.exists():
-            raise _err(
-                "data",
-                f"feature store {str(store)!r} does not exist; create it with "
-                "`mmdtl2 ingest` or fix the path (relative paths are read "
-                "from the spec file's folder).",
-            )
-    elif "builtin" in data:
-        builtin = data["builtin"]
-        if builtin not in BUILTIN_DATA:
-            raise _err(
-                "data", f"unknown builtin data set {builtin!r}; choose one of {BUILTIN_DATA}."
-            )
-    else:
-        synthetic = data["synthetic"]
-        if not isinstance(synthetic, dict):
-            raise _err("data", "synthetic must be a table of generator options.")
-    prep = data.get("preprocessing", DEFAULT_PREPROCESSING)
-    if prep not in PREPROCESSING:
-        raise _err("data", f"preprocessing must be one of {PREPROCESSING}, got {prep!r}.")
-    gram_dir = _gram_dir(base, data.get("gram_dir"))
-    space = data.get("space")
-    src_space = data.get("source_space", space)
-    tgt_space = data.get("target_space", space if space is not None else src_space)
-    if not isinstance(src_space, str) or not isinstance(tgt_space, str):
-        raise _err(
-            "data",
-            'name the feature spaces: space = "..." (shared) or source_space / target_space.',
-        )
-    pairs = data.get("pairs")
-    if pairs == "all":
-        pass
-    elif (
-        not isinstance(pairs, list)
-        or not pairs
-        or not all(
-            isinstance(p, list | tuple)
-            and len(p) == 2
-            and all(isinstance(d, str) for d in p)
-            and p[0] != p[1]
-            for p in pairs
-        )
-    ):
-        raise _err(
-            "data",
-            'pairs must be "all" or a list of [source device, target device] '
-            f"pairs of different devices, got {pairs!r}.",
-        )
-    else:
-        pairs = [tuple(p) for p in pairs]
-        if len(set(pairs)) != len(pairs):
-            raise _err("data", "pairs lists a device pair twice.")
-
-    sp = _table(raw, "splits", required=True)
-    _check_keys(
-        "splits",
-        sp,
-        {
-            "protocol",
-            "n_splits",
-            "train_fraction",
-            "file",
-            "source_per_class",
-            "samples_per_class",
-            "unlabelled",
-        },
-    )
-    unlabelled = _unlabelled("splits", sp.get("unlabelled", "non-test"))
-    protocol = sp.get("protocol", "half")
-    if protocol not in PROTOCOLS:
-        raise _err("splits", f"protocol must be one of {PROTOCOLS}, got {protocol!r}.")
-    split_file = None
-    if protocol == "fixed":
-        if "file" not in sp and builtin is None:
-            raise _err(
-                "splits",
-                "protocol 'fixed' needs file = \"splits.json\" (see "
-                "mmdtl2_dist.study.data.read_split_file).",
-            )
-        if "file" in sp:
-            split_file = _resolve(base, str(sp["file"]))
-            if not split_file.exists():
-                raise _err("splits", f"split file {str(split_file)!r} does not exist.")
-    n_splits = _int("splits", "n_splits", sp.get("n_splits", 10), minimum=1)
-    frac = sp.get("train_fraction", 0.5)
-    if not _is_num(frac) or not 0 < frac < 1:
-        raise _err("splits", f"train_fraction must be a number in (0, 1), got {frac!r}.")
-    spc_raw = sp.get("samples_per_class")
-    if (
-        not isinstance(spc_raw, list)
-        or not spc_raw
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in spc_raw)
-    ):
-        raise _err(
-            "splits",
-            "samples_per_class must be a non-empty list of integers >= 0, "
-            f"e.g. [1, 2, 3, 5, 10]; got {spc_raw!r}.",
-        )
-    if len(set(spc_raw)) != len(spc_raw):
-        raise _err("splits", f"samples_per_class repeats a value: {spc_raw!r}.")
-    spc = sorted(spc_raw)
-    spc_src = sp.get("source_per_class")
-    if spc_src is not None:
-        spc_src = _int("splits", "source_per_class", spc_src, minimum=1)
-
-    methods = _methods(raw.get("methods"))
-    if not (src_space == tgt_space):
-        bad = [m.label for m in methods if m.method in SAME_SPACE_METHODS or m.select == "auto"]
-        if bad:
-            raise _err(
-                "methods",
-                f"{bad} need source and target in one feature space but "
-                f"the study maps {src_space!r} to {tgt_space!r}; remove "
-                "them (the paper drops source SVM and MMDT here too).",
-            )
-    if 0 in spc:
-        bad = [m.label for m in methods if m.method != "source_svm"]
-        if bad:
-            raise _err(
-                "splits",
-                f"samples_per_class contains 0 but {bad} need labelled "
-                "target samples; remove 0 or those methods.",
-            )
-
-    ex = _table(raw, "execution")
-    _check_keys("execution", ex, {"cpus_per_trial", "split_tasks", "max_concurrent_trials"})
-    cpus = ex.get("cpus_per_trial", 1)
-    if not _is_num(cpus) or cpus <= 0:
-        raise _err("execution", f"cpus_per_trial must be a positive number, got {cpus!r}.")
-    split_tasks = _int("execution", "split_tasks", ex.get("split_tasks", 0))
-    max_conc = _int("execution", "max_concurrent_trials", ex.get("max_concurrent_trials", 0))
-
-    tr = _table(raw, "tracking")
-    _check_keys("tracking", tr, {"uri", "experiment"})
-    rep = _table(raw, "report")
-    _check_keys("report", rep, {"reference_source", "reference_target"})
-    labels = {c.label for c in expand_configs(methods)}
-    for k in ("reference_source", "reference_target"):
-        if k in rep and rep[k] not in labels:
-            raise _err(
-                "report", f"{k} = {rep[k]!r} is not a method label; labels are {sorted(labels)}."
-            )
-    return StudySpec(
-        path=path,
-        raw=raw,
-        name=name,
-        seed=seed,
-        output=out_path,
-        description=str(study.get("description", "")),
-        store=store,
-        builtin=builtin,
-        synthetic=synthetic,
-        preprocessing=prep,
-        source_space=src_space,
-        target_space=tgt_space,
-        pairs=pairs,
-        protocol=protocol,
-        n_splits=n_splits,
-        train_fraction=float(frac),
-        split_file=split_file,
-        source_per_class=spc_src,
-        samples_per_class=spc,
-        methods=methods,
-        unlabelled=unlabelled,
-        cpus_per_trial=float(cpus),
-        split_tasks=split_tasks,
-        max_concurrent_trials=max_conc,
-        gram_dir=gram_dir,
-        gram_precision=_gram_precision(raw),
-        tracking_uri=tr.get("uri"),
-        experiment=tr.get("experiment"),
-        reference_source=rep.get("reference_source"),
-        reference_target=rep.get("reference_target"),
-    )
+    fields = {**sections.study_section(raw, output), **sections.data_section(raw, base)}
+    fields.update(sections.splits_section(raw, base, fields["builtin"]))
+    fields["methods"] = sections.methods_section(raw.get("methods"))
+    sections.check_methods_fit_data(fields)
+    fields.update(sections.execution_section(raw), gram_precision=sections.gram_precision(raw))
+    labels = {c.label for c in expand_configs(fields["methods"])}
+    fields.update(sections.tracking_section(raw), **sections.report_section(raw, labels))
+    return StudySpec(path=path, raw=raw, **fields)
 
 
 def load_spec(path: str | Path, output: str | Path | None = None) -> StudySpec:

@@ -199,16 +199,6 @@ def _plain(v):
     return v
 
 
-def _select_grid(params: dict, select: dict) -> list[dict]:
-    import itertools
-
-    names = list(select)
-    return [
-        {**params, **dict(zip(names, vals, strict=True))}
-        for vals in itertools.product(*(select[k] for k in names))
-    ]
-
-
 def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) -> dict:
     """Fit and score one method configuration on one (pair, split).
 
@@ -243,21 +233,13 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
         chosen = {"auto": f"{auto['pick']}: {auto['label']}", "rule": auto["rule"]}
         cv_s = info["select_s"]
     else:
-        from mmdtl2_dist.core.methods import fit_predict
+        from mmdtl2_dist.core.evaluate import evaluate
 
-        problem = _core_problem(blocks)
-        if select:
-            from mmdtl2_dist.core.selection import select_by_cv
-
-            grid = [core_params(g) for g in _select_grid(params, select)]
-            best, table = select_by_cv(method, grid, problem)
-            chosen = {k: _plain(trial_value(best[k], k)) for k in select}
-            row = next(r for r in table if r["params"] == best)
-            cv_acc = row["cv_accuracy"]
-            params = best
-            cv_s = time.perf_counter() - t1
-        out = fit_predict(method, params, problem)
-        y_pred, info = out.y_pred, out.info
+        select = {k: [core_params({k: v})[k] for v in vals] for k, vals in select.items()}
+        ev = evaluate(method, params, _core_problem(blocks), select)
+        chosen = {k: _plain(trial_value(v, k)) for k, v in ev.chosen.items()}
+        cv_acc, cv_s = ev.cv_accuracy, ev.cv_s
+        y_pred, info = ev.result.y_pred, ev.result.info
     fit_s = time.perf_counter() - t1
     y_pred = np.asarray(y_pred)
     per_class = {

@@ -1,0 +1,145 @@
+"""MMDT estimators: the paper's form with an explicit ``W``, and Hoffman et al.'s code."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import TransformerMixin
+from sklearn.utils.validation import check_is_fitted
+
+from mmdtl2_dist.core.adapter import check_features
+from mmdtl2_dist.core.methods import GramProblem
+from mmdtl2_dist.core.mmdtl2 import hinge_weights_named
+from mmdtl2_dist.core.params import DEFAULTS
+from mmdtl2_dist.core.threads import one_thread
+from mmdtl2_dist.estimators.base import MAX_EXPLICIT_W, _AdaptationBase
+
+# Defaults of the core methods (mmdtl2_dist.core.params), the __init__ defaults.
+_MMDT, _HOFFMAN = DEFAULTS["mmdt"], DEFAULTS["mmdt_hoffman"]
+
+
+class MMDT(TransformerMixin, _AdaptationBase):
+    """MMDT in the paper's form (its Problem 2), with an explicit transform ``W``.
+
+    ``min ½‖W‖² + ½‖Θ̂‖² + c_t Σ hinge_t + c_s Σ hinge_s`` by alternation from a
+    source-only SVM (:mod:`mmdtl2_dist.core.mmdt`). Equal to ``MMDTL2(c_f=1, c_d=0)``;
+    kept separate because it forms ``W`` explicitly (small dimensions only).
+
+    Parameters
+    ----------
+    c_t, c_s : float
+        Hoffman et al.'s weights 1 and 0.05 by default.
+    preprocessing, max_iter, tol, qp_solver, qp_tol
+        As :class:`MMDTL2` (``tol`` on the relative change of ``W``).
+    """
+
+    _method = "mmdt"
+
+    def __init__(
+        self,
+        c_t=_MMDT["c_t"],
+        c_s=_MMDT["c_s"],
+        preprocessing="none",
+        max_iter=_MMDT["max_iter"],
+        tol=_MMDT["tol"],
+        qp_solver=_MMDT["qp_solver"],
+        qp_tol=_MMDT["qp_tol"],
+    ):
+        self.c_t = c_t
+        self.c_s = c_s
+        self.preprocessing = preprocessing
+        self.max_iter = max_iter
+        self.tol = tol
+        self.qp_solver = qp_solver
+        self.qp_tol = qp_tol
+
+    @one_thread
+    def fit_domains(self, Xs, ys, Xt, yt):
+        """Fit on source and labelled target samples (dimensions may differ)."""
+        from mmdtl2_dist.core.mmdt import fit_mmdt_explicit
+
+        Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
+        if Xs.shape[1] * (Xt.shape[1] + 1) > MAX_EXPLICIT_W:
+            raise ValueError(
+                f"MMDT forms W explicitly: {Xs.shape[1]} x {Xt.shape[1] + 1} is too large; "
+                "use MMDTL2(c_f=1, c_d=0), which never forms W."
+            )
+        self.classes_ = classes
+        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt)
+        self.n_features_in_ = Xt.shape[1]
+        self.n_source_features_ = Xs.shape[1]
+        with hinge_weights_named(self.get_params(deep=False)):
+            W, Theta, b, n_iter = fit_mmdt_explicit(
+                Xs_p, np.searchsorted(classes, ys), Xt_p, np.searchsorted(classes, yt),
+                len(classes), c_t=self.c_t, c_s=self.c_s, max_iter=self.max_iter, tol=self.tol,
+                qp_solver=self.qp_solver, qp_tol=self.qp_tol,
+            )  # fmt: skip
+        self.W_, self.coef_source_, self.intercept_, self.n_iter_ = W, Theta.T, b, n_iter
+        return self
+
+    @one_thread
+    def transform(self, X):
+        """``W x̂`` (n, Ls) of target samples."""
+        check_is_fitted(self)
+        Xp = self.target_preprocessing_.transform(
+            check_features(X, self.n_features_in_, owner=type(self).__name__)
+        )
+        return Xp @ self.W_[:, :-1].T + self.W_[:, -1]
+
+    def _target_scores(self, X):
+        return self.transform(X) @ self.coef_source_.T + self.intercept_
+
+    def _source_scores(self, X):
+        X = check_features(X, self.n_source_features_, owner=type(self).__name__)
+        return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
+
+
+class MMDTHoffman(_AdaptationBase):
+    """MMDT as in Hoffman et al.'s reference MATLAB code, on Gram matrices.
+
+    Like the reference code it is **transductive**: the PCA to ``pca_dim`` dimensions is
+    fitted on the training *and* the test samples, so ``fit`` stores the training data
+    and every ``predict`` call runs the whole procedure with its batch as the test set.
+    Use ``pca_dim=None`` to disable the PCA. Source and target must share one feature
+    space. See :mod:`mmdtl2_dist.core.mmdt_hoffman` for the algorithm and ``faithful``.
+    """
+
+    _method = "mmdt_hoffman"
+
+    def __init__(self, c_s=_HOFFMAN["c_s"], c_t=_HOFFMAN["c_t"], gamma=_HOFFMAN["gamma"],
+                 n_iter=_HOFFMAN["n_iter"], pca_dim=_HOFFMAN["pca_dim"],
+                 faithful=_HOFFMAN["faithful"], preprocessing="none"):  # fmt: skip
+        self.c_s = c_s
+        self.c_t = c_t
+        self.gamma = gamma
+        self.n_iter = n_iter
+        self.pca_dim = pca_dim
+        self.faithful = faithful
+        self.preprocessing = preprocessing
+
+    @one_thread
+    def fit_domains(self, Xs, ys, Xt, yt):
+        """Store the preprocessed training data (the fit happens per predicted batch)."""
+        Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
+        if Xs.shape[1] != Xt.shape[1]:
+            raise ValueError("MMDTHoffman needs one feature space for source and target.")
+        self.classes_ = classes
+        self._Xs, self._Xt = self._fit_preprocessing(Xs, Xt)
+        self.n_features_in_ = Xt.shape[1]
+        self._ys, self._yt = ys, yt
+        return self
+
+    def _target_scores(self, X):
+        from mmdtl2_dist.core.methods import fit_predict
+
+        Xq = self.target_preprocessing_.transform(
+            check_features(X, self.n_features_in_, owner=type(self).__name__)
+        )
+        prob = GramProblem.from_features(self._Xs, self._ys, self._Xt, self._yt, Xq)
+        params = {
+            k: getattr(self, k) for k in ("c_s", "c_t", "gamma", "n_iter", "pca_dim", "faithful")
+        }
+        res = fit_predict("mmdt_hoffman", params, prob)
+        order = np.searchsorted(res.classes, self.classes_)
+        if not np.array_equal(res.classes[order], self.classes_):
+            raise ValueError("internal error: class sets differ")
+        return res.scores[:, order]

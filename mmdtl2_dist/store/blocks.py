@@ -1,0 +1,125 @@
+"""Reading blocks of a stored feature array, and naming the chunks that are damaged.
+
+:func:`read_array_block` is the small, picklable reader that
+:class:`~mmdtl2_dist.store.feature_store.FeatureStore` and the Gram engine's tasks use; a
+damaged or missing chunk raises :class:`CorruptChunkError` naming the chunks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zarr
+
+
+class CorruptChunkError(ValueError):
+    """A chunk of a Zarr array failed its checksum, could not be decoded or is missing.
+
+    Attributes
+    ----------
+    array_path : str
+        Absolute path of the Zarr array.
+    chunks : list of tuple of int
+        Grid coordinates of the bad chunks.
+    """
+
+    def __init__(self, array_path: str, chunks: list[tuple[int, ...]], reason: str):
+        self.array_path = array_path
+        self.chunks = chunks
+        listed = ", ".join(str(c) for c in chunks[:10])
+        more = f" and {len(chunks) - 10} more" if len(chunks) > 10 else ""
+        super().__init__(
+            f"corrupt data in {array_path}: chunk(s) {listed}{more} {reason}. The store is "
+            "damaged; re-run `mmdtl2 ingest` (or restore it from a copy). "
+            "`FeatureStore.open(path).verify()` lists every bad chunk."
+        )
+
+    def __reduce__(self):
+        # Keep the attributes when the error crosses a Ray process boundary.
+        return (_rebuild_corrupt, (self.array_path, self.chunks, str(self)))
+
+
+def _rebuild_corrupt(array_path, chunks, message):
+    err = CorruptChunkError.__new__(CorruptChunkError)
+    ValueError.__init__(err, message)
+    err.array_path, err.chunks = array_path, chunks
+    return err
+
+
+def _chunk_grid(shape, chunks, r0, r1, c0, c1) -> list[tuple[int, int]]:
+    rs = range(r0 // chunks[0], (max(r1, r0 + 1) - 1) // chunks[0] + 1)
+    cs = range(c0 // chunks[1], (max(c1, c0 + 1) - 1) // chunks[1] + 1)
+    return [(i, j) for i in rs for j in cs]
+
+
+def _locate_bad_chunks(arr, r0: int, r1: int, c0: int, c1: int) -> tuple[list, str]:
+    """Read a region chunk by chunk to name the chunks that fail or read as missing."""
+    bad, reasons = [], set()
+    cr, cc = arr.chunks
+    for i, j in _chunk_grid(arr.shape, arr.chunks, r0, r1, c0, c1):
+        sl = (
+            slice(i * cr, min((i + 1) * cr, arr.shape[0])),
+            slice(j * cc, min((j + 1) * cc, arr.shape[1])),
+        )
+        try:
+            block = arr[sl]
+        except Exception as exc:  # noqa: BLE001 - any decode failure is corruption here
+            bad.append((i, j))
+            reasons.add(f"failed to decode ({type(exc).__name__}: {exc})")
+            continue
+        if np.issubdtype(block.dtype, np.floating) and np.isnan(block).all():
+            bad.append((i, j))
+            reasons.add("are missing (read back as the NaN fill value)")
+    return bad, "; ".join(sorted(reasons)) or "could not be read"
+
+
+_OPEN_ARRAYS: dict[str, zarr.Array] = {}
+
+
+def _open_cached(array_path: str) -> zarr.Array:
+    arr = _OPEN_ARRAYS.get(array_path)
+    if arr is None:
+        arr = zarr.open_array(array_path, mode="r")
+        if len(_OPEN_ARRAYS) > 64:
+            _OPEN_ARRAYS.clear()
+        _OPEN_ARRAYS[array_path] = arr
+    return arr
+
+
+def read_array_block(
+    array_path: str, r0: int, r1: int, c0: int, c1: int, *, check_finite: bool = True
+) -> np.ndarray:
+    """Read ``array[r0:r1, c0:c1]`` of a feature array, refusing damaged data.
+
+    Parameters
+    ----------
+    array_path : str
+        Absolute path of the Zarr array (as given by :meth:`FeatureStore.array_path`).
+    r0, r1, c0, c1 : int
+        Row and column range.
+    check_finite : bool
+        Refuse non-finite values (NaN is the fill value of a lost chunk). A caller that
+        checks its results instead (a NaN reaches every product it enters) passes False
+        and saves a pass over the data, then reads again with the check to name the
+        damaged chunks.
+
+    Returns
+    -------
+    ndarray of shape (r1 - r0, c1 - c0)
+        The stored values, in the stored dtype.
+
+    Raises
+    ------
+    CorruptChunkError
+        If a chunk fails its checksum, cannot be decoded, or is missing.
+    """
+    arr = _open_cached(array_path)
+    try:
+        block = arr[r0:r1, c0:c1]
+    except Exception as exc:  # noqa: BLE001 - translated into a located error below
+        bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
+        raise CorruptChunkError(array_path, bad or [("?",)], reason) from exc
+    # Ingest refuses NaN and NaN is the fill value: a NaN here is a lost chunk.
+    if check_finite and block.size and not np.isfinite(block).all():
+        bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
+        raise CorruptChunkError(array_path, bad or [("?",)], reason or "hold non-finite values")
+    return block
