@@ -30,9 +30,7 @@ from mmdtl2_dist.engine.products import PRECISIONS as GRAM_PRECISIONS
 from mmdtl2_dist.study.spec import (
     ALL_METHODS,
     BUILTIN_DATA,
-    CORE_METHODS,
     EXTRA_PARAMS,
-    SECTIONS,
     UNLABELLED_POOLS,
     SpecError,
 )
@@ -73,11 +71,15 @@ def _sweep(props: dict) -> dict:
 
 
 def _method_rule(method: str) -> dict:
-    """The ``params``, ``grid`` and ``select`` of the entries whose method is ``method``."""
+    """The ``params``, ``grid`` and ``select`` of the entries whose method is ``method``.
+
+    Which methods ``select`` (``"auto"`` or a table) is offered for is a rule of
+    :func:`~mmdtl2_dist.study.spec_sections.methods_section`, whose message says so.
+    """
     props = {k: param_schema(p) for k, p in method_param_table(method).items()}
     table = {"type": "object", "properties": props, "additionalProperties": False}
     sweep = _sweep(props)
-    select = {"anyOf": [{"const": "auto"}, sweep]} if method in CORE_METHODS else sweep
+    select = {"anyOf": [{"const": "auto"}, sweep]}
     return {
         "if": {"properties": {"method": {"const": method}}, "required": ["method"]},
         "then": {"properties": {"params": table, "grid": sweep, "select": select}},
@@ -216,7 +218,7 @@ SCHEMA: dict = {
             "type": "array",
             "minItems": 1,
             "items": _METHOD,
-            "description": 'at least one [[methods]] entry, e.g. [[methods]] method = "mmdtl2"',
+            "description": 'at least one [[methods]] entry (e.g. [[methods]] method = "mmdtl2")',
         },
         "execution": _section(
             {
@@ -244,7 +246,6 @@ SCHEMA: dict = {
         ),
     },
 }
-assert set(SCHEMA["properties"]) == set(SECTIONS)
 
 
 def _finite(validator, finite, instance, schema):
@@ -295,7 +296,7 @@ def _top_level(raw: Any, error: ValidationError) -> tuple[str, str]:
     if error.validator == "required":
         missing = next(s for s in REQUIRED_SECTIONS if s not in raw)
         if missing == "methods":
-            return "methods", SCHEMA["properties"]["methods"]["description"] + " is needed."
+            return "methods", f"missing; add {SCHEMA['properties']['methods']['description']}."
         return missing, f"missing table; add a [{missing}] section."
     return "top level", _unknown_keys(raw, SCHEMA)
 
