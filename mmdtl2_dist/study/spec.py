@@ -47,7 +47,9 @@ features (never their labels: the transductive protocol of the published methods
 ``"none"`` the labelled ones only. With split files that list only the labelled and the
 test samples (Hoffman's), ``"non-test"`` is the labelled samples.
 
-See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key.
+See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key; the JSON
+Schema of every key (:mod:`mmdtl2_dist.study.spec_schema`, printed by ``mmdtl2 study
+schema``) is checked first, then the rules across keys and against the files.
 """
 
 from __future__ import annotations
