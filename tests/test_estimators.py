@@ -613,3 +613,31 @@ def test_fit_and_predict_run_with_one_blas_thread_and_restore_the_limit(Est, bla
     with threadpool_limits(1, user_api="blas"):  # a user's lower limit is kept, not raised
         est.predict(Xq)
         assert _blas_threads() == {1}
+
+
+def test_estimator_fits_through_the_core_gram_form_bit_for_bit():
+    """The estimator's fit is the core's: the same Gram blocks (GramProblem.from_features,
+    the core's prior_blocks) and the same alternation, so the objectives are equal to the
+    last bit, for every prior and a kernel; and select goes through core.evaluate.choose,
+    so its CV table and chosen values are the core's."""
+    from mmdtl2_dist.core.evaluate import choose
+    from mmdtl2_dist.core.methods import GramProblem, default_params, fit_predict
+
+    Xs, ys, Xt, yt, Xq, _ = make_devices(8)
+    W0 = np.random.default_rng(2).standard_normal((6, 7)) * 0.3
+    cases = [
+        {"prior": "zero"},
+        {"prior": "identity", "prior_weight": 0.3},
+        {"prior": "matrix", "prior_weight": 0.7, "W0": W0},
+        {"prior": "identity", "prior_weight": 0.6, "kernel": "rbf"},
+    ]
+    for case in cases:
+        est = MMDTL2(**case).fit_domains(Xs, ys, Xt, yt)
+        prob = GramProblem.from_features(Xs, ys, Xt, yt, Xq, W0=case.get("W0"))
+        core = {k: v for k, v in case.items() if k != "W0"}
+        assert est.objective_ == fit_predict("mmdtl2", core, prob).info["objective"], case
+    grid = [{"prior_weight": w, "c_f": c} for w in (0.0, 0.5) for c in (0.1, 1.0)]
+    est = MMDTL2(prior="identity", select=grid).fit_domains(Xs, ys, Xt, yt)
+    base = {**default_params("mmdtl2"), "prior": "identity"}
+    c = choose("mmdtl2", base, GramProblem.from_features(Xs, ys, Xt, yt, Xq), grid)
+    assert est.selection_ == c.table and est.selected_params_ == c.chosen

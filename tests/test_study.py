@@ -90,7 +90,7 @@ def _raw(**over):
 @pytest.mark.parametrize(
     ("over", "match"),
     [
-        ({"methods": [{"method": "svm"}]}, "unknown method 'svm'"),
+        ({"methods": [{"method": "svm"}]}, r"method must be one of \('source_svm'.*got 'svm'"),
         ({"methods": [{"method": "mmdtl2", "params": {"c_f": -1}}]}, "c_f must be a positive"),
         ({"methods": [{"method": "mmdtl2", "params": {"cf": 1}}]}, "no parameter 'cf'"),
         ({"methods": [{"method": "mmdtl2", "grid": {"c_f": 0.1}}]}, "non-empty list"),

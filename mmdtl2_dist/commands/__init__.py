@@ -16,6 +16,23 @@ def add_progress_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_store_output_options(p: argparse.ArgumentParser) -> None:
+    """Compression, overwrite, quiet and progress: the options of a feature store writer."""
+    p.add_argument(
+        "--compression",
+        choices=["none", "zstd"],
+        default="none",
+        help="chunk compression (a CRC32C checksum is always stored)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing feature store (nothing else is ever replaced)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    add_progress_option(p)
+
+
 def progress_choice(args: argparse.Namespace) -> bool | None:
     """The progress choice of parsed arguments: ``--quiet`` wins, else ``--[no-]progress``."""
     if getattr(args, "quiet", False):

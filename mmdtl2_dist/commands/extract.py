@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.commands import add_store_output_options, progress_choice
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -117,17 +117,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="discard an unfinished extraction of other inputs for this store",
     )
-    p.add_argument(
-        "--compression",
-        choices=["none", "zstd"],
-        default="none",
-        help="chunk compression (a CRC32C checksum is always stored)",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing feature store (nothing else is ever replaced)",
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
-    add_progress_option(p)
+    add_store_output_options(p)
     p.set_defaults(func=run)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.commands import add_store_output_options, progress_choice
 from mmdtl2_dist.store.ingest import FORMATS, IngestInput, ingest
 
 
@@ -129,17 +129,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="force the stored dtype (default keeps float32/float64)",
     )
     p.add_argument("--chunk-rows", type=int, help="rows per chunk (default 256, >= 1 MB)")
-    p.add_argument(
-        "--compression",
-        choices=["none", "zstd"],
-        default="none",
-        help="chunk compression (a CRC32C checksum is always stored)",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing feature store (nothing else is ever replaced)",
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
-    add_progress_option(p)
+    add_store_output_options(p)
     p.set_defaults(func=run)

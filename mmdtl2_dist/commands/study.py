@@ -16,6 +16,10 @@ Continue an interrupted study, then rebuild its report::
 
     mmdtl2 study resume mmdtl2-studies/office_caltech10
     mmdtl2 study report mmdtl2-studies/office_caltech10
+
+Write the JSON Schema of a spec, for an editor's completion and checks::
+
+    mmdtl2 study schema > study.schema.json
 """
 
 from __future__ import annotations
@@ -182,8 +186,17 @@ def _validate(args) -> int:
     return 0
 
 
+def _schema(_args) -> int:
+    import json
+
+    from mmdtl2_dist.study.spec_schema import SCHEMA
+
+    print(json.dumps(SCHEMA, indent=2))
+    return 0
+
+
 def register(subparsers) -> None:
-    """Add ``mmdtl2 study {run,resume,report,validate}``."""
+    """Add ``mmdtl2 study {run,resume,report,validate,schema}``."""
     p = subparsers.add_parser(
         "study",
         help="run, resume and report studies (local worker processes or Ray Tune; MLflow)",
@@ -214,6 +227,10 @@ def register(subparsers) -> None:
     )
     v.add_argument("spec", help="study spec file")
     v.set_defaults(func=_validate)
+    j = sub.add_parser(
+        "schema", help="print the JSON Schema of a study spec (for editors, e.g. taplo or yaml-ls)"
+    )
+    j.set_defaults(func=_schema)
 
     def _help(_args, p=p) -> int:
         p.print_help()

@@ -115,16 +115,9 @@ class GramProblem:
         shared = Xs.shape[1] == Xt.shape[1]
         mapped = {}
         if W0 is not None:
-            W0 = np.asarray(W0, dtype=np.float64)
-            Ls, Lt = Xs.shape[1], Xt.shape[1]
-            if W0.shape not in ((Ls, Lt), (Ls, Lt + 1)):
-                raise ValueError(
-                    f"W0 must have shape (Ls, Lt) = ({Ls}, {Lt}) or, with a bias column, "
-                    f"(Ls, Lt + 1) = ({Ls}, {Lt + 1}); got {W0.shape}."
-                )
-            w0 = W0[:, Lt] if W0.shape[1] > Lt else 0.0
-            U = Xt @ W0[:, :Lt].T + w0
-            Uq = Xq @ W0[:, :Lt].T + w0
+            M, w0 = _map_and_bias(W0, Xs.shape[1], Xt.shape[1])
+            U = Xt @ M.T + w0
+            Uq = Xq @ M.T + w0
             mapped = {"Ksu": Xs @ U.T, "Kuu": U @ U.T, "Ksuq": Xs @ Uq.T, "Kuuq": U @ Uq.T}
         return cls(
             ys=ys,
@@ -175,6 +168,24 @@ class GramProblem:
                 raise ValueError(f"GramProblem.{name} contains NaN or Inf; recompute the Gram.")
         if self.sq_q.shape != (Q,):
             raise ValueError(f"GramProblem.sq_q has shape {self.sq_q.shape}, expected ({Q},).")
+
+
+def _map_and_bias(W0, Ls: int, Lt: int):
+    """``(M, w0)`` of a prior map ``W0 = [M | w0]`` of shape (Ls, Lt) or (Ls, Lt + 1).
+
+    A :class:`~mmdtl2_dist.core.auto.LowRankMap` (shape (Ls, Lt), no bias) stays factored.
+    """
+    from mmdtl2_dist.core.auto import LowRankMap
+
+    if isinstance(W0, LowRankMap) and W0.shape == (Ls, Lt):
+        return W0, 0.0
+    W0 = np.asarray(W0, dtype=np.float64)
+    if W0.shape not in ((Ls, Lt), (Ls, Lt + 1)):
+        raise ValueError(
+            f"W0 must have shape (Ls, Lt) = ({Ls}, {Lt}) or, with a bias column, "
+            f"(Ls, Lt + 1) = ({Ls}, {Lt + 1}); got {W0.shape}."
+        )
+    return W0[:, :Lt], (W0[:, Lt] if W0.shape[1] > Lt else 0.0)
 
 
 @dataclass
@@ -252,6 +263,22 @@ def prior_blocks(p: Mapping, prob: GramProblem):
     return Kz, Kz_new
 
 
+def fit_mmdtl2_blocks(p: Mapping, prob: GramProblem):
+    """The MMDTL2 alternation on the training blocks of ``prob``, with checked parameters ``p``.
+
+    Returns ``(classes, spec, fit, Kt_new, Kz_new)``: the sorted training labels, the
+    resolved target kernel, the :func:`~mmdtl2_dist.core.mmdtl2.fit_mmdtl2_gram` result
+    and the test blocks that score with it (``fit.decision_function(Kt_new, Kz_new)``).
+    :func:`fit_predict` scores with them; the estimator keeps the fit for its adapter.
+    """
+    classes, ys, yt = _encode(prob.ys, prob.yt)
+    mp = MMDTL2Params(**{k: p[k] for k in _MMDTL2_KEYS})
+    spec, Kt, Kt_new = kernel_blocks(p, prob)
+    Kz, Kz_new = prior_blocks(p, prob)
+    fit = fit_mmdtl2_gram(Kz, Kt, ys, yt, len(classes), mp, init=p["init"])
+    return classes, spec, fit, Kt_new, Kz_new
+
+
 @one_thread
 def fit_predict(method: str, params: Mapping | None, prob: GramProblem) -> MethodResult:
     """Fit ``method`` on the training blocks of ``prob`` and score its test samples.
@@ -307,11 +334,7 @@ def _fit_predict(method: str, p: dict, prob: GramProblem) -> MethodResult:
         if method == "mmdt":
             p.update(kernel="linear", gamma=None, degree=2, coef0=1.0, prior="zero")
             p.update(prior_weight=1.0, init="source")
-        classes, ys, yt = _encode(prob.ys, prob.yt)
-        mp = MMDTL2Params(**{k: p[k] for k in _MMDTL2_KEYS})
-        spec, Kt, Kt_new = kernel_blocks(p, prob)
-        Kz, Kz_new = prior_blocks(p, prob)
-        fit = fit_mmdtl2_gram(Kz, Kt, ys, yt, len(classes), mp, init=p["init"])
+        classes, spec, fit, Kt_new, Kz_new = fit_mmdtl2_blocks(p, prob)
         scores = fit.decision_function(Kt_new, Kz_new)
         info = dict(fit.info)
         info["objective"] = fit.objective

@@ -1,10 +1,22 @@
-"""The driver of a Gram job: plan, resume, run tasks on Ray, finish the store."""
+"""The driver of a Gram job: plan, resume, run tasks on Ray, finish the store.
+
+:func:`compute_gram` checks its arguments, claims the Gram's folder, then, holding the
+Gram's lock (:func:`~mmdtl2_dist.engine.location.gram_lock`; a second call for the same
+Gram waits for it, then uses the finished Gram), plans the job (:func:`_plan_job`), runs
+its missing tiles (:func:`_run_job`) and records the run's summary (:func:`_compute`).
+
+A complete Gram of the same store content, space, devices, preprocessing and precision
+is verified and used as it is, whatever its tile size or the device that computed it; a
+partial one is resumed with its own tiles and feature blocks (other ``tile_rows`` are
+refused).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +147,56 @@ def _check_resumable(out: Path, job: dict) -> dict:
     return old
 
 
+@dataclass(frozen=True)
+class GramRun:
+    """How a Gram job's tasks run (the execution arguments of :func:`compute_gram`).
+
+    Attributes
+    ----------
+    address : str or None
+        Ray cluster address (``"auto"``, ``"ray://host:10001"``); ``None``: the running
+        Ray session if any, else a new local one (stopped on return).
+        :data:`~mmdtl2_dist.engine.in_process.IN_PROCESS` runs the tasks in this process
+        without Ray (small data; same bits).
+    num_cpus : int or None
+        CPUs of a new local Ray (default: all).
+    gpus : int
+        GPUs to run tiles on: each tile task asks Ray for one GPU and runs its products
+        with torch on ``"cuda"``; a new local Ray is started with this many GPUs.
+    device : str or None
+        The torch device of the tiles (``"cuda"``, ``"cuda:1"``, or ``"cpu"``: torch on
+        the CPU, the GPU code path without a GPU); ``None``: numpy on the CPU.
+        :meth:`checked` sets ``"cuda"`` with ``gpus``. Torch is imported only for these.
+    max_task_memory_mb : float
+        Memory bound of one task; sets the feature block width and is requested from Ray
+        as the task's ``memory`` resource.
+    max_retries : int
+        Retries of a task whose worker died.
+    max_in_flight : int or None
+        Most tasks submitted at once (default: all); bounds the cluster's concurrent
+        memory use and lets one job share a cluster.
+    progress : bool or None
+        Progress lines on stderr (:mod:`mmdtl2_dist.progress`); ``None``: when stderr is a
+        terminal.
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    gpus: int = 0
+    device: str | None = None
+    max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB
+    max_retries: int = 3
+    max_in_flight: int | None = None
+    progress: bool | None = None
+
+    @classmethod
+    def checked(cls, **options) -> GramRun:
+        """The options with the tiles' device resolved and checked (:func:`_tile_device`)."""
+        run = cls(**options)
+        device = _tile_device(run.gpus, run.device, run.address)
+        return replace(run, gpus=int(run.gpus), device=device)
+
+
 def compute_gram(
     store_path: str | os.PathLike,
     space: str,
@@ -160,7 +222,8 @@ def compute_gram(
     tasks that read row ranges of the Zarr arrays, accumulate in float64 over feature
     blocks in a fixed order, and each write one whole Gram chunk and a completion marker.
     Results are bit-identical whatever the number of workers and retries (on one kind of
-    device: numpy, or torch on one device type).
+    device: numpy, or torch on one device type). Reuse, resumption and locking: the
+    module docstring.
 
     Parameters
     ----------
@@ -188,31 +251,9 @@ def compute_gram(
     tile_rows : int, optional
         Rows per tile. Default: up to 2,048, aligned to the store's chunks, fitting
         ``max_task_memory_mb``.
-    address : str, optional
-        Ray cluster address (``"auto"``, ``"ray://host:10001"``); default: the running
-        Ray session if any, else a new local one (stopped on return).
-        :data:`~mmdtl2_dist.engine.in_process.IN_PROCESS` runs the tasks in this process
-        without Ray (small data; same bits).
-    max_task_memory_mb : float
-        Memory bound of one task; sets the feature block width and is requested from Ray
-        as the task's ``memory`` resource.
-    progress : bool or None
-        Progress lines on stderr (:mod:`mmdtl2_dist.progress`); ``None``: when stderr is a
-        terminal.
-    num_cpus : int, optional
-        CPUs of a new local Ray (default: all).
-    gpus : int
-        GPUs to run tiles on: each tile task asks Ray for one GPU and runs its products
-        with torch on ``"cuda"``; a new local Ray is started with this many GPUs.
-    device : str, optional
-        The torch device of the tiles (``"cuda"``, ``"cuda:1"``, or ``"cpu"``: torch on
-        the CPU, the GPU code path without a GPU). Default: numpy on the CPU, or
-        ``"cuda"`` with ``gpus``. Torch is imported only for these.
-    max_retries : int
-        Retries of a task whose worker died.
-    max_in_flight : int, optional
-        Most tasks submitted at once (default: all); bounds the cluster's concurrent
-        memory use and lets one job share a cluster.
+    address, max_task_memory_mb, progress, num_cpus, gpus, device, max_retries, max_in_flight
+        How the tasks run: the fields of :class:`GramRun` (``device`` defaults to
+        ``"cuda"`` with ``gpus``).
 
     Returns
     -------
@@ -221,41 +262,37 @@ def compute_gram(
         and repaired, and where their time went (``timing``,
         :func:`~mmdtl2_dist.engine.timing.summarize_timing`); ``reused`` is true when it
         found the Gram complete and intact.
-
-    Notes
-    -----
-    A complete Gram of the same store content, space, devices, preprocessing and
-    precision is verified and used as it is, whatever its tile size or the device that
-    computed it; a partial one is resumed with its own tiles and feature blocks (other
-    ``tile_rows`` are refused). The call holds the Gram's lock
-    (:func:`~mmdtl2_dist.engine.location.gram_lock`) throughout: a second call for the
-    same Gram waits for it, then uses the finished Gram.
     """
+    _check_gram_arguments(preprocessing, precision, out_path, gram_dir)
+    run = GramRun.checked(
+        address=address, num_cpus=num_cpus, gpus=gpus, device=device,
+        max_task_memory_mb=max_task_memory_mb, max_retries=max_retries,
+        max_in_flight=max_in_flight, progress=progress,
+    )  # fmt: skip
+    fs = FeatureStore.open(store_path)
+    out = _gram_output(fs, space, out_path, gram_dir, preprocessing, precision)
+    with gram_lock(out, progress):
+        return _compute(fs, space, out, preprocessing, precision, tile_rows, run)
+
+
+def _check_gram_arguments(preprocessing: str, precision: str, out_path, gram_dir) -> None:
+    """Refuse an unknown preprocessing or precision, or both ``out_path`` and ``gram_dir``."""
     if preprocessing not in PREPROCESSING:
         raise ValueError(f"preprocessing must be one of {PREPROCESSING}, got {preprocessing!r}.")
     check_precision(precision)
-    tile_device = _tile_device(gpus, device, address)
     if out_path is not None and gram_dir is not None:
         raise ValueError("give out_path (an exact Gram folder) or gram_dir, not both.")
-    fs = FeatureStore.open(store_path)
+
+
+def _gram_output(fs: FeatureStore, space, out_path, gram_dir, preprocessing, precision) -> Path:
+    """The Gram store's folder, claimed (our own Gram is resumed, nothing else touched)."""
     if out_path is None:
         out = gram_location(fs, space, preprocessing, gram_dir, precision)
     else:
         out = Path(out_path).expanduser().absolute()
-    claim_output(out, GRAM_OUTPUT, overwrite=None)  # resume our own Gram, touch nothing else
+    claim_output(out, GRAM_OUTPUT, overwrite=None)
     make_gram_dir(out.parent)
-    run = {
-        "address": address,
-        "num_cpus": num_cpus,
-        "gpus": int(gpus),
-        "device": tile_device,
-        "max_task_memory_mb": max_task_memory_mb,
-        "max_retries": max_retries,
-        "max_in_flight": max_in_flight,
-        "progress": progress,
-    }
-    with gram_lock(out, progress):
-        return _compute(fs, space, out, preprocessing, precision, tile_rows, run)
+    return out
 
 
 def _tile_device(gpus: int, device: str | None, address: str | None) -> str | None:
@@ -302,7 +339,7 @@ def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, tile_rows,
     stored = json.loads((out / JOB_FILE).read_text()) if (out / JOB_FILE).exists() else None
     if _complete_gram_of(stored, fs, space, devices, preprocessing, precision):
         tile_rows = stored["tile_rows"]  # used as it is, whatever tile size was asked for
-    budget = run["max_task_memory_mb"]
+    budget = run.max_task_memory_mb
     if tile_rows is None:
         tile_rows = (
             stored["tile_rows"]
@@ -335,14 +372,14 @@ def _compute(fs: FeatureStore, space, out: Path, preprocessing, precision, tile_
     job, stored = _plan_job(fs, space, out, preprocessing, precision, tile_rows, run)
     t_start = time.monotonic()
     tiles = gram_tile_plan(job["n_rows"], job["tile_rows"])
-    repaired = forget_damaged(out, job, tiles, run["progress"]) if stored else []
+    repaired = forget_damaged(out, job, tiles, run.progress) if stored else []
     if job.get("complete"):
         gs = GramStore.open(out)
         gs.reused = True
         gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
         gs.last_run["seconds"] = time.monotonic() - t_start
         return gs
-    ray, owned = task_runner(run["address"], run["num_cpus"], run["gpus"] or None)
+    ray, owned = task_runner(run.address, run.num_cpus, run.gpus or None)
     try:
         computed, timing = _run_job(ray, fs, job, out, tiles, run)
     finally:
@@ -350,37 +387,47 @@ def _compute(fs: FeatureStore, space, out: Path, preprocessing, precision, tile_
             ray.shutdown()
     finish(out, job, tiles)
     job["complete"] = True
-    job["last_run"] = {
-        "computed": computed,
-        "skipped": len(tiles) - computed,
-        "seconds": time.monotonic() - t_start,
-        "repaired": repaired,
-        "device": run["device"] or "numpy",
-        **plan_summary(job["n_rows"], job["n_features"], tiles, job["col_blocks"]),
-        "timing": timing,
-    }
+    seconds = time.monotonic() - t_start
+    job["last_run"] = _run_summary(job, tiles, computed, repaired, timing, run, seconds)
     tasks.write_json_atomic(out / JOB_FILE, job)
-    say(run["progress"], f"gram {space}: {format_timing(timing)}")
+    say(run.progress, f"gram {space}: {format_timing(timing)}")
     return GramStore.open(out)
 
 
-def _task_options(job: dict, fs: FeatureStore, run: dict) -> dict:
+def _run_summary(job: dict, tiles, computed: int, repaired, timing, run: GramRun, seconds):
+    """The ``last_run`` record of a finished job.
+
+    Tiles computed, skipped and repaired, the wall time, the plan's size and the tasks'
+    timing.
+    """
+    return {
+        "computed": computed,
+        "skipped": len(tiles) - computed,
+        "seconds": seconds,
+        "repaired": repaired,
+        "device": run.device or "numpy",
+        **plan_summary(job["n_rows"], job["n_features"], tiles, job["col_blocks"]),
+        "timing": timing,
+    }
+
+
+def _task_options(job: dict, fs: FeatureStore, run: GramRun) -> dict:
     """Ray options of the job's tasks: one CPU (or GPU), memory, retries."""
     itemsize = fs.array(job["devices"][0], job["space"]).dtype.itemsize
     span = max(c1 - c0 for c0, c1 in job["col_blocks"])
     mem = task_memory_bytes(job["tile_rows"], span, itemsize)
-    opts = {"num_cpus": 1, "max_retries": run["max_retries"], "memory": int(mem)}
-    if run["device"] is not None and run["device"].startswith("cuda"):
+    opts = {"num_cpus": 1, "max_retries": run.max_retries, "memory": int(mem)}
+    if run.device is not None and run.device.startswith("cuda"):
         opts["num_gpus"] = 1
     return opts
 
 
-def _run_job(ray, fs: FeatureStore, job: dict, out: Path, tiles, run) -> tuple[int, dict]:
+def _run_job(ray, fs: FeatureStore, job: dict, out: Path, tiles, run: GramRun) -> tuple[int, dict]:
     """Run the statistics pass if needed and every unfinished tile; their timing."""
     opts = _task_options(job, fs, run)
     if not job["stats_done"]:
         cpu_opts = {k: v for k, v in opts.items() if k != "num_gpus"}
-        stats_pass(ray, fs, job, out, cpu_opts, run["progress"], run["max_in_flight"])
+        stats_pass(ray, fs, job, out, cpu_opts, run.progress, run.max_in_flight)
     stats, norms = load_stats(out, job)
     done = set(GramStore.open(out).finished_tiles())
     todo = [t for t in tiles if t.key not in done]
@@ -390,7 +437,7 @@ def _run_job(ray, fs: FeatureStore, job: dict, out: Path, tiles, run) -> tuple[i
         "col_blocks": [tuple(b) for b in job["col_blocks"]],
         "method": job["preprocessing"],
         "precision": job["precision"],
-        "device": run["device"],
+        "device": run.device,
         "gram_path": str(out / "gram"),
         "tiles_dir": str(out / TILES_DIR),
     }
@@ -405,9 +452,9 @@ def _run_job(ray, fs: FeatureStore, job: dict, out: Path, tiles, run) -> tuple[i
 
         return submit
 
-    on_done = _progress_line(job, tiles, len(tiles) - len(todo), run["progress"])
+    on_done = _progress_line(job, tiles, len(tiles) - len(todo), run.progress)
     t0 = time.monotonic()
-    markers = run_tasks(ray, [submitter(t) for t in todo], on_done, run["max_in_flight"])
+    markers = run_tasks(ray, [submitter(t) for t in todo], on_done, run.max_in_flight)
     records = [{**m["timing"], "submitted": submitted[m["tile"]]} for m in markers if m]
     return len(todo), summarize_timing(records, time.monotonic() - t0)
 

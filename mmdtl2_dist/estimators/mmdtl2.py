@@ -10,9 +10,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from mmdtl2_dist.core.adapter import AdapterState, check_features
 from mmdtl2_dist.core.auto import LowRankMap
-from mmdtl2_dist.core.kernels import KernelSpec
-from mmdtl2_dist.core.methods import GramProblem, default_params
-from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, fit_mmdtl2_gram
+from mmdtl2_dist.core.methods import GramProblem, default_params, fit_mmdtl2_blocks
 from mmdtl2_dist.core.params import DEFAULTS
 from mmdtl2_dist.core.threads import one_thread
 from mmdtl2_dist.estimators.base import MAX_EXPLICIT_W, _AdaptationBase
@@ -168,9 +166,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             params = self._select_auto(Xs_p, ys, Xt_p, yt, Xu_p, params)
         elif self.select:
             params = self._select(Xs_p, ys, Xt_p, yt, params)
-        self._fit_chosen(
-            Xs_p, np.searchsorted(classes, ys), Xt_p, np.searchsorted(classes, yt), params
-        )
+        self._fit_chosen(Xs_p, ys, Xt_p, yt, params)
         return self
 
     def _select_auto(self, Xs, ys, Xt, yt, Xu, base):
@@ -190,7 +186,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         return {**base, **choice.params, "W0": W0}
 
     def _select(self, Xs, ys, Xt, yt, base):
-        from mmdtl2_dist.core.selection import NAMED_GRIDS, select_by_cv
+        """The candidate of ``select`` that cross-validates best (:func:`core.evaluate.choose`)."""
+        from mmdtl2_dist.core.evaluate import choose
+        from mmdtl2_dist.core.selection import NAMED_GRIDS
 
         select = self.select
         if isinstance(select, str):
@@ -202,25 +200,20 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             select = [dict(g) for g in NAMED_GRIDS[select]]
             if self.prior == "matrix":  # the weight of the user's map, not of the identity
                 select = [{k: v for k, v in g.items() if k != "prior"} for g in select]
-        keys = set(default_params("mmdtl2"))  # the core's MMDTL2 parameters
-        dims = (Xs.shape[1], Xt.shape[1])
-        grid = []
+        keys = default_params("mmdtl2")  # the core's MMDTL2 parameters
         for g in select:
-            bad = set(g) - keys
+            bad = set(g) - set(keys)
             if bad:
                 raise ValueError(
                     f"unknown parameter(s) {sorted(bad)} in select; valid: {sorted(keys)}."
                 )
-            grid.append({**{k: base[k] for k in keys}, **g})
-        # CV uses the training blocks only: no test samples. A matrix prior enters through
-        # the Grams of the mapped targets, at weight 1 (prior_weight scales them in the core).
-        W0 = None
-        if any(g["prior"] == "matrix" for g in grid):
-            W0 = self._prior_matrix({**base, "prior": "matrix", "prior_weight": 1.0}, *dims)
-        prob = GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False, W0=W0)
-        best, table = select_by_cv("mmdtl2", grid, prob)
-        self.selection_ = table
-        if table[0]["n_folds"] == 0:
+        core = {k: base[k] for k in keys}
+        matrix = any(g.get("prior", core["prior"]) == "matrix" for g in select)
+        # CV uses the training blocks only: no test samples.
+        prob = self._problem(Xs, ys, Xt, yt, {**base, "prior": "matrix"} if matrix else base)
+        c = choose("mmdtl2", core, prob, select)
+        self.selection_ = c.table
+        if c.table[0]["n_folds"] == 0:
             warnings.warn(
                 "select: too few labelled target samples per class to cross-validate (every "
                 "class needs 2); fitted with the estimator's own parameters instead.",
@@ -229,23 +222,32 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             )
             self.selected_params_ = {}
             return base
-        self.selected_params_ = {k: best[k] for k in best if any(k in g for g in select)}
-        return {**base, **best}
+        self.selected_params_ = c.chosen
+        return {**base, **c.params}
+
+    def _problem(self, Xs, ys, Xt, yt, p):
+        """The training blocks of the fit (no test samples), with the prior map of ``p``.
+
+        The map enters at weight 1: the core scales the mapped targets' Grams by
+        ``prior_weight`` (:func:`~mmdtl2_dist.core.methods.prior_blocks`).
+        """
+        W0 = None
+        if p["prior"] == "matrix":
+            W0 = (
+                p["W0"]
+                if isinstance(p["W0"], LowRankMap)
+                else self._user_map(p, Xs.shape[1], Xt.shape[1])
+            )
+        return GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False, W0=W0)
 
     def _fit_chosen(self, Xs, ys, Xt, yt, p):
-        K = len(self.classes_)
+        """Fit ``p`` through the core's Gram form; keep what the adapter and transform need."""
         Ls, Lt = Xs.shape[1], Xt.shape[1]
-        U = self._prior_targets(Xt, p, Ls, Lt)  # W0 x̂_m, (M, Ls)
-        Z = np.vstack([Xs, U])
-        spec = KernelSpec(p["kernel"], p["gamma"], p["degree"], p["coef0"]).resolve(Xt @ Xt.T)
-        Kt = spec(Xt @ Xt.T)
-        mp = MMDTL2Params(
-            c_f=p["c_f"], c_d=p["c_d"], c_t=p["c_t"], c_s=p["c_s"], max_iter=p["max_iter"],
-            tol=p["tol"], qp_solver=p["qp_solver"], qp_tol=p["qp_tol"],
-        )  # fmt: skip
-        fit = fit_mmdtl2_gram(Z @ Z.T, Kt, ys, yt, K, mp, init=p["init"])
-        Theta = Z.T @ fit.beta  # (Ls, K)
         prior = self._prior_map(p, Ls, Lt)
+        prob = self._problem(Xs, ys, Xt, yt, p)
+        _, spec, fit, _, _ = fit_mmdtl2_blocks({k: p[k] for k in default_params("mmdtl2")}, prob)
+        Z = np.vstack([Xs, _apply_prior(prior, Xt, Ls)])  # the source-space samples of the fit
+        Theta = Z.T @ fit.beta  # (Ls, K)
         V = None  # W0ᵀ Θ (Lt+1, K): the prior's share of the target scores
         if prior is not None:
             A, w = prior
@@ -269,6 +271,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         (:class:`~mmdtl2_dist.core.auto.LowRankMap`) for ``select="auto"``'s shared-PCA
         prior, so that no ``Ls × Ls`` matrix is formed (34 GB at 64,896-d), and the
         (Ls, Lt) matrix ``μ M`` of a user map ``[M | w]`` (``w`` scaled by ``μ`` too).
+        It maps new target samples in :meth:`transform` and gives the adapter's share of
+        the prior in the scores.
         """
         if p["prior"] == "zero":
             return None
@@ -281,29 +285,27 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             return float(p["prior_weight"]), np.zeros(Ls)
         if isinstance(p["W0"], LowRankMap):  # select="auto"'s shared-PCA prior P Pᵀ
             return p["prior_weight"] * p["W0"], np.zeros(Ls)
-        W0h = self._prior_matrix(p, Ls, Lt)
+        if p["prior"] != "matrix":
+            raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
+        W0h = p["prior_weight"] * self._user_map(p, Ls, Lt)  # exact for the default weight 1
         return W0h[:, :-1], W0h[:, -1]
 
-    def _prior_matrix(self, p, Ls, Lt):
-        """A user map ``μ [M | w]`` (``prior="matrix"``) as an (Ls, Lt + 1) matrix."""
-        if p["prior"] == "matrix":
-            W0 = p["W0"]
-            if W0 is None:
-                raise ValueError("prior='matrix' needs W0 of shape (Ls, Lt) or (Ls, Lt + 1).")
-            W0 = np.asarray(W0, dtype=np.float64)
-            if W0.shape == (Ls, Lt):
-                W0 = np.hstack([W0, np.zeros((Ls, 1))])
-            if W0.shape != (Ls, Lt + 1):
-                raise ValueError(
-                    f"W0 must have shape ({Ls}, {Lt}) or ({Ls}, {Lt + 1}), got {W0.shape}."
-                )
-            if not np.all(np.isfinite(W0)):
-                raise ValueError("W0 contains NaN or Inf.")
-            return p["prior_weight"] * W0  # exact for the default weight 1
-        raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
-
-    def _prior_targets(self, Xt, p, Ls, Lt):
-        return _apply_prior(self._prior_map(p, Ls, Lt), Xt, Ls)
+    @staticmethod
+    def _user_map(p, Ls, Lt):
+        """The user's map ``[M | w]`` of ``prior="matrix"``, checked, as (Ls, Lt + 1)."""
+        W0 = p["W0"]
+        if W0 is None:
+            raise ValueError("prior='matrix' needs W0 of shape (Ls, Lt) or (Ls, Lt + 1).")
+        W0 = np.asarray(W0, dtype=np.float64)
+        if W0.shape == (Ls, Lt):
+            W0 = np.hstack([W0, np.zeros((Ls, 1))])
+        if W0.shape != (Ls, Lt + 1):
+            raise ValueError(
+                f"W0 must have shape ({Ls}, {Lt}) or ({Ls}, {Lt + 1}), got {W0.shape}."
+            )
+        if not np.all(np.isfinite(W0)):
+            raise ValueError("W0 contains NaN or Inf.")
+        return W0
 
     def _target_scores(self, X):
         return self.adapter_.decision_function(

@@ -47,7 +47,9 @@ features (never their labels: the transductive protocol of the published methods
 ``"none"`` the labelled ones only. With split files that list only the labelled and the
 test samples (Hoffman's), ``"non-test"`` is the labelled samples.
 
-See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key.
+See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key; the JSON
+Schema of every key (:mod:`mmdtl2_dist.study.spec_schema`, printed by ``mmdtl2 study
+schema``) is checked first, then the rules across keys and against the files.
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ SECTIONS = ("study", "data", "gram", "splits", "methods", "execution", "tracking
 #: device (inductive), also the test samples (transductive) or none.
 UNLABELLED_POOLS = ("non-test", "all", "none")
 DEFAULT_OUTPUT_ROOT = "mmdtl2-studies"
+PRIOR_MATRIX = (
+    "prior = 'matrix' needs a map W0, which a study spec cannot give; use 'zero' or "
+    "'identity' (or the estimator MMDTL2(prior='matrix', W0=...))."
+)
 
 
 class SpecError(ValueError):
@@ -277,11 +283,7 @@ def check_param(where: str, method: str, name: str, value: Any) -> None:
     except ValueError as e:
         raise _err(where, str(e)) from None
     if name == "prior" and value == "matrix":
-        raise _err(
-            where,
-            "prior = 'matrix' needs a map W0, which a study spec cannot give; use 'zero' or "
-            "'identity' (or the estimator MMDTL2(prior='matrix', W0=...)).",
-        )
+        raise _err(where, PRIOR_MATRIX)
 
 
 def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = None) -> StudySpec:
@@ -303,14 +305,13 @@ def parse_spec(raw: dict, path: Path | None = None, output: str | Path | None = 
         With the offending key and how to fix it.
     """
     from mmdtl2_dist.study import spec_sections as sections
+    from mmdtl2_dist.study.spec_schema import check_schema
 
-    if not isinstance(raw, dict):
-        raise SpecError("study spec: the file must hold a table/mapping at top level.")
-    sections.check_keys("top level", raw, set(SECTIONS))
+    check_schema(raw)
     base = path.parent if path is not None else None
     fields = {**sections.study_section(raw, output), **sections.data_section(raw, base)}
     fields.update(sections.splits_section(raw, base, fields["builtin"]))
-    fields["methods"] = sections.methods_section(raw.get("methods"))
+    fields["methods"] = sections.methods_section(raw["methods"])
     sections.check_methods_fit_data(fields)
     fields.update(sections.execution_section(raw), gram_precision=sections.gram_precision(raw))
     labels = {c.label for c in expand_configs(fields["methods"])}

@@ -1,0 +1,171 @@
+"""The study spec's JSON Schema: its parameter part is the parameter table, and every
+section refuses an unknown key, a wrong type and an out-of-range value naming the key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import jsonschema
+import pytest
+
+from mmdtl2_dist.core.params import PARAMS, method_params
+from mmdtl2_dist.study.spec import ALL_METHODS, EXTRA_PARAMS, SpecError, parse_spec
+from mmdtl2_dist.study.spec_schema import SCHEMA, param_schema
+
+_BOUNDS = {
+    "minimum": ("low", False),
+    "exclusiveMinimum": ("low", True),
+    "maximum": ("high", False),
+    "exclusiveMaximum": ("high", True),
+}
+
+
+def _method_rules() -> dict[str, dict]:
+    """The ``then`` part of the schema's rule for each method."""
+    rules = SCHEMA["properties"]["methods"]["items"]["allOf"]
+    return {r["if"]["properties"]["method"]["const"]: r["then"]["properties"] for r in rules}
+
+
+def _scalar(schema: dict, none_word: str | None) -> dict:
+    if none_word is None:
+        return schema
+    assert schema["anyOf"][1] == {"const": none_word}
+    return schema["anyOf"][0]
+
+
+def test_schema_is_a_valid_draft_2020_12_schema():
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_schema_parameters_are_the_parameter_table(method):
+    table = EXTRA_PARAMS.get(method) or method_params(method)
+    rule = _method_rules()[method]
+    params = rule["params"]
+    assert params["additionalProperties"] is False
+    assert set(params["properties"]) == set(table)
+    for name, p in table.items():
+        s = _scalar(params["properties"][name], p.none_word)
+        if p.kind == "choice":
+            assert s["enum"] == list(p.choices)
+        else:
+            assert s["type"] == ("integer" if p.kind == "int" else "number")
+            assert s["finite"] is True
+            bounds = {k: v for k, v in s.items() if k in _BOUNDS}
+            want = {}
+            for key, (end, is_open) in _BOUNDS.items():
+                value = getattr(p, end)
+                if math.isfinite(value) and getattr(p, f"{end}_open") == is_open:
+                    want[key] = value
+            assert bounds == want, name
+        # grid-able: a non-empty list of distinct values of the same schema
+        for sweep in (rule["grid"], rule["select"]["anyOf"][1]):
+            lst = sweep["properties"][name]
+            assert lst["items"] == params["properties"][name] == param_schema(p)
+            assert lst["minItems"] == 1 and lst["uniqueItems"] is True
+
+
+def test_every_table_parameter_appears_in_the_schema():
+    rules = _method_rules()
+    named = {n for r in rules.values() for n in r["params"]["properties"]}
+    assert set(PARAMS) <= named
+
+
+def _raw() -> dict:
+    return {
+        "study": {"name": "s"},
+        "data": {"builtin": "office_caltech10", "space": "surf800", "pairs": "all"},
+        "splits": {"protocol": "fixed", "samples_per_class": [1, 3]},
+        "methods": [{"method": "mmdtl2", "params": {"kernel": "rbf"}}],
+    }
+
+
+def _set(section: str, key: str, value):
+    def change(raw):
+        table = raw[section][0] if section == "methods" else raw.setdefault(section, {})
+        table[key] = value
+
+    return change
+
+
+def _param(key: str, value):
+    return lambda raw: raw["methods"][0]["params"].update({key: value})
+
+
+# (section as named in the message, change, the text the message must hold)
+CASES = [
+    ("study", _set("study", "nam", "x"), r"unknown key\(s\) \['nam'\]; allowed keys are"),
+    ("study", _set("study", "seed", "0"), "seed must be an integer >= 0, got '0'"),
+    ("study", _set("study", "seed", -1), "seed must be an integer >= 0, got -1"),
+    ("data", _set("data", "stor", "x"), r"unknown key\(s\) \['stor'\]"),
+    ("data", _set("data", "pairs", [["a"]]), r"pairs must be \"all\" or a list"),
+    ("data", _set("data", "preprocessing", "l3"), r"preprocessing must be one of \('none'"),
+    ("gram", _set("gram", "gpus", 1), r"unknown key\(s\) \['gpus'\]"),
+    ("gram", _set("gram", "precision", 16), r"precision must be one of \('float64', 'mixed'\)"),
+    ("splits", _set("splits", "n_split", 2), r"unknown key\(s\) \['n_split'\]"),
+    ("splits", _set("splits", "n_splits", 2.0), "n_splits must be an integer >= 1, got 2.0"),
+    ("splits", _set("splits", "n_splits", 0), "n_splits must be an integer >= 1, got 0"),
+    ("splits", _set("splits", "train_fraction", 1.0), r"train_fraction must be a number in \(0"),
+    ("execution", _set("execution", "gpus", 1), r"unknown key\(s\) \['gpus'\]"),
+    ("execution", _set("execution", "cpus_per_trial", "2"), "cpus_per_trial must be a positive"),
+    ("execution", _set("execution", "cpus_per_trial", math.inf), "cpus_per_trial .* got inf"),
+    ("execution", _set("execution", "split_tasks", -1), "split_tasks must be an integer >= 0"),
+    ("tracking", _set("tracking", "url", "x"), r"unknown key\(s\) \['url'\]"),
+    ("tracking", _set("tracking", "uri", 3), "uri must be an MLflow tracking URI, got 3"),
+    ("report", _set("report", "ref", "x"), r"unknown key\(s\) \['ref'\]"),
+    ("report", _set("report", "reference_source", 1), "reference_source must be a method label"),
+    ("methods #1", _set("methods", "labl", "x"), r"unknown key\(s\) \['labl'\]"),
+    ("methods #1", _set("methods", "unlabelled", 1), r"unlabelled must be one of \('non-test'"),
+    ("methods #1", _param("c_q", 1.0), "method 'mmdtl2' has no parameter 'c_q'; its param"),
+    ("methods #1", _param("kernel", 1), r"kernel must be one of \('linear'"),
+    ("methods #1", _param("max_iter", 2.0), "max_iter must be a positive integer, got 2.0"),
+    ("methods #1", _param("c_f", math.nan), "c_f must be a positive finite number, got nan"),
+    ("methods #1", _param("c_s", 1e7), "c_s must be a positive number of at most 1e"),
+    ("methods #1", _param("gamma", "none"), r'gamma must be .* or None \(written "auto"'),
+    (
+        "methods #1",
+        _set("methods", "grid", {"c_d": [0.1, -1.0]}),
+        "c_d must be a non-negative finite number, got -1",
+    ),
+    ("methods #1", _set("methods", "grid", {"c_d": [1, 1]}), r"grid.c_d repeats a value"),
+    ("methods #1", _set("methods", "select", {"c_d": 1}), "select.c_d must be a non-empty list"),
+    ("top level", lambda raw: raw.update(extra={}), r"unknown key\(s\) \['extra'\]"),
+]
+
+
+@pytest.mark.parametrize(("where", "change", "match"), CASES)
+def test_each_section_refuses_unknown_keys_types_and_ranges_naming_the_key(where, change, match):
+    raw = _raw()
+    change(raw)
+    with pytest.raises(SpecError, match=match) as err:
+        parse_spec(raw)
+    assert str(err.value).startswith(f"study spec: [{where}] ")
+
+
+def test_every_section_of_the_spec_is_in_the_schema():
+    from mmdtl2_dist.study.spec import SECTIONS
+
+    assert list(SCHEMA["properties"]) == list(SECTIONS)
+    for name, section in SCHEMA["properties"].items():
+        if name != "methods":
+            assert section["additionalProperties"] is False, name
+    assert SCHEMA["properties"]["methods"]["items"]["additionalProperties"] is False
+
+
+def test_spec_schema_command_prints_the_schema(capsys):
+    from mmdtl2_dist.cli import main
+
+    assert main(["study", "schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(SCHEMA))
+
+
+def test_schema_accepts_the_bundled_specs():
+    import tomllib
+    from pathlib import Path
+
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for p in sorted(Path(__file__).resolve().parents[1].glob("studies/*.toml")):
+        raw = copy.deepcopy(tomllib.loads(p.read_text()))
+        assert not list(validator.iter_errors(raw)), p.name
