@@ -344,3 +344,33 @@ def test_without_torch_extract_says_how_to_install_and_synth_images_works(tmp_pa
     assert (
         "pip install -e '.[images]'" in res.stderr and "download.pytorch.org/whl/cpu" in res.stderr
     )
+
+
+def test_shard_features_are_npy_files_read_memory_mapped_and_needed_to_finish(images, tmp_path):
+    """A shard's features are ``.npy`` files beside its ``.npz``, read without a copy; a
+    shard missing one is not finished (it is recomputed on resume)."""
+    from mmdtl2_dist.extract.job import _finished
+    from mmdtl2_dist.extract.shards import read_shard, run_shard
+
+    spec = ModelSpec.parse("alexnet:conv3,conv5")
+    ex = Extractor(spec, "random:0", Preprocessing(resize=64, crop=64))
+    paths = read_images(images).frame["path"].tolist()[:3]
+    shard = {"file": str(tmp_path / "000000.npz"), "paths": paths, "rows": [0, 1, 2]}
+    run_shard(ex, {**shard, "batch_size": 3, "skip_bad": False})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "000000.f_conv3.npy",
+        "000000.f_conv5.npy",
+        "000000.npz",
+    ]
+    conv3 = read_shard(shard["file"], "f_conv3")
+    assert isinstance(conv3, np.memmap) and not conv3.flags.writeable
+    np.testing.assert_array_equal(conv3, ex.features(ex_images(paths))["conv3"])
+    assert _finished(shard, spec.layers)
+    (tmp_path / "000000.f_conv5.npy").unlink()
+    assert not _finished(shard, spec.layers)
+
+
+def ex_images(paths):
+    from mmdtl2_dist.extract.model import decode_image
+
+    return [decode_image(p) for p in paths]

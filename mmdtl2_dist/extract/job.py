@@ -7,12 +7,12 @@ The job (:func:`extract`):
    (:func:`~mmdtl2_dist.store.outputs.claim_output`) before any work;
 2. splits each device's images into *shards* of consecutive images and keeps its work in
    ``<store>.extracting/`` beside the store: ``job.json`` (what is being extracted),
-   ``images.parquet`` (the table) and one file per finished shard (:mod:`.shards`);
+   ``images.parquet`` (the table) and the files of each finished shard (:mod:`.shards`);
 3. runs the missing shards on Ray actors (:class:`~.shards.ShardWorker`: one per CPU,
    one thread each; with ``gpus`` one per GPU), each given the driver's model cut after
    the layers once (through Ray's object store), with progress lines (images done,
    images/s);
-4. writes the store from the shard files, one shard in memory at a time, atomically
+4. writes the store from the shard files (memory-mapped, a band in memory at a time), atomically
    (:class:`~mmdtl2_dist.store.feature_store.StoreWriter`), with the extraction's
    provenance (model, layers, weights name and SHA-256, preprocessing, versions) in its
    root attribute, then deletes the work folder.
@@ -48,7 +48,7 @@ import pandas as pd
 
 from mmdtl2_dist.extract.inputs import ImageTable
 from mmdtl2_dist.extract.model import BadImageError, Extractor, ModelSpec, Preprocessing
-from mmdtl2_dist.extract.shards import read_shard, shard_file
+from mmdtl2_dist.extract.shards import feature_file, read_shard, shard_file
 from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.feature_store import FeatureStore, StoreWriter
 from mmdtl2_dist.store.layout import check_name
@@ -190,14 +190,14 @@ def _plan(table: ImageTable, shard_rows: int, folder: Path) -> list[dict]:
     return shards
 
 
-def _finished(shard: dict) -> bool:
-    """A shard file that exists and opens is finished (it was renamed into place whole)."""
+def _finished(shard: dict, layers) -> bool:
+    """A shard whose ``.npz`` opens is finished (renamed into place whole, after its features)."""
     path = Path(shard["file"])
     if not path.exists():
         return False
     try:
         with np.load(path, allow_pickle=False) as z:
-            return "kept" in z.files
+            return "kept" in z.files and all(feature_file(path, x).is_file() for x in layers)
     except Exception:  # noqa: BLE001 - a damaged file: redo the shard
         path.unlink(missing_ok=True)
         return False
@@ -277,7 +277,7 @@ def extract(
     try:
         _clear_temporaries(work / SHARDS_DIR)
         shards = _plan(table, shard_rows, work / SHARDS_DIR)
-        todo = [s for s in shards if not _finished(s)]
+        todo = [s for s in shards if not _finished(s, spec.layers)]
         if resumed:
             say(
                 opt.progress,

@@ -171,7 +171,7 @@ def state_dict_sha256(state: dict) -> str:
     for key in sorted(state):
         t = state[key].detach().cpu().contiguous()
         h.update(f"{key}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 

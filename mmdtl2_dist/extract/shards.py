@@ -1,10 +1,13 @@
-"""One shard of an extraction job: consecutive images of one device -> one ``.npz`` file.
+"""One shard of an extraction job: consecutive images of one device -> its files.
 
 :func:`run_shard` decodes the shard's images one batch at a time, runs the extractor and
-writes the features of every layer, the rows it kept and the images it could not read to
-``<index>.npz`` in the job's shard folder. The file is written under a hidden temporary
-name and renamed when complete, so a shard file that exists is a finished shard: a job
-killed at any moment keeps its finished shards and redoes only the others.
+writes the features of each layer to ``<index>.f_<layer>.npy``, then the rows it kept
+and the images it could not read to ``<index>.npz`` in the job's shard folder. Each file
+is written under a hidden temporary name and renamed when complete, the ``.npz`` last, so
+a shard whose ``.npz`` exists is a finished shard: a job killed at any moment keeps its
+finished shards and redoes only the others. The features are plain ``.npy`` files (not
+members of the ``.npz``) so that writing them needs no zip checksum and the store is
+filled from them memory-mapped, without a copy.
 :class:`ShardWorker` is the Ray actor around it (one model load per worker).
 """
 
@@ -24,19 +27,34 @@ def shard_file(folder: Path, index: int) -> Path:
     return Path(folder) / f"{index:06d}.npz"
 
 
-def write_npz_atomic(path: Path, arrays: dict) -> None:
-    """``np.savez`` under a temporary sibling, then renamed into place."""
+def feature_file(path: Path, layer: str) -> Path:
+    """The ``.npy`` file of one layer's features beside the shard file ``path``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.f_{layer}.npy")
+
+
+def write_atomic(path: Path, save, data) -> None:
+    """``save(file, data)`` (``np.save`` or ``np.savez``) under a temporary sibling, renamed."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            save(fh, data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def _savez(fh, arrays: dict) -> None:
+    np.savez(fh, **arrays)
+
+
 def read_shard(path: Path, key: str) -> np.ndarray:
-    """One array of a shard file: ``kept``, ``bad_rows``, ``bad_reasons`` or ``f_<layer>``."""
+    """One array of a shard: ``kept``, ``bad_rows``, ``bad_reasons``, or ``f_<layer>``.
+
+    Features come memory-mapped (read-only) from their ``.npy`` file.
+    """
+    if key.startswith("f_"):
+        return np.load(feature_file(path, key[2:]), mmap_mode="r", allow_pickle=False)
     with np.load(path, allow_pickle=False) as z:
         return z[key]
 
@@ -72,13 +90,14 @@ def run_shard(extractor: Extractor, task: dict) -> dict:
             for layer in layers:
                 out[layer][n0 : n0 + len(images)] = feats[layer]
             kept += [int(rows[k]) for k in where]
-    arrays = {f"f_{layer}": out[layer][: len(kept)] for layer in layers}
-    arrays.update(
-        kept=np.asarray(kept, np.int64),
-        bad_rows=np.asarray(bad, np.int64),
-        bad_reasons=np.asarray(reasons, dtype=str),
-    )
-    write_npz_atomic(Path(task["file"]), arrays)
+    for layer in layers:  # the .npz last: its existence marks the shard finished
+        write_atomic(feature_file(task["file"], layer), np.save, out[layer][: len(kept)])
+    arrays = {
+        "kept": np.asarray(kept, np.int64),
+        "bad_rows": np.asarray(bad, np.int64),
+        "bad_reasons": np.asarray(reasons, dtype=str),
+    }
+    write_atomic(Path(task["file"]), _savez, arrays)
     return {
         "file": task["file"],
         "n": len(paths),

@@ -77,7 +77,7 @@ class ArrayWriter:
         band = self._band[: self._fill]
         if self._n_bad == 0:  # once refused, stop writing but keep scanning for rows to name
             self._arr[stop - self._fill : stop] = band
-            self._hash.update(np.ascontiguousarray(band).tobytes())
+            self._hash.update(np.ascontiguousarray(band))  # hashed in place, not copied
         self._fill = 0
 
     def set_metadata(self, **columns) -> None:
