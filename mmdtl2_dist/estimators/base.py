@@ -125,21 +125,9 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
     def _validate_domains(self, Xs, ys, Xt, yt):
         self._check_params()
         if self._needs_source:
-            if Xs is None or n_rows(Xs) == 0:
-                raise ValueError(
-                    "no source samples (sample_domain > 0); this method needs a source device. "
-                    "Use TargetSVM for target-only training."
-                )
-            Xs = check_features(Xs, None, "Xs")
-            ys = check_labels(ys, Xs.shape[0], "ys")
+            Xs, ys = _domain_samples(Xs, ys, "s", NO_SOURCE)
         if self._needs_target:
-            if Xt is None or n_rows(Xt) == 0:
-                raise ValueError(
-                    "no labelled target samples (sample_domain < 0); adaptation needs at least "
-                    "one labelled sample of the target device. Use SourceSVM without them."
-                )
-            Xt = check_features(Xt, None, "Xt")
-            yt = check_labels(yt, Xt.shape[0], "yt")
+            Xt, yt = _domain_samples(Xt, yt, "t", NO_TARGET)
         if self._needs_source and self._needs_target:
             check_label_types(ys, yt)
         labels = [a for a in (ys if self._needs_source else None, yt) if a is not None]
@@ -234,3 +222,21 @@ class _LinearSVMBase(_AdaptationBase):
         self.coef_ = Theta.T  # (K, L)
         self.intercept_ = b
         return self
+
+
+NO_SOURCE = (
+    "no source samples (sample_domain > 0); this method needs a source device. "
+    "Use TargetSVM for target-only training."
+)
+NO_TARGET = (
+    "no labelled target samples (sample_domain < 0); adaptation needs at least "
+    "one labelled sample of the target device. Use SourceSVM without them."
+)
+
+
+def _domain_samples(X, y, suffix: str, missing: str):
+    """One domain's checked features and labels (``X{suffix}``, ``y{suffix}``)."""
+    if X is None or n_rows(X) == 0:
+        raise ValueError(missing)
+    X = check_features(X, None, f"X{suffix}")
+    return X, check_labels(y, X.shape[0], f"y{suffix}")
