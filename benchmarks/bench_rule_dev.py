@@ -4,6 +4,10 @@
     python benchmarks/bench_rule_dev.py --rules benchmarks/results/rule_dev.json   # score rules
     python benchmarks/bench_rule_dev.py --data DIR --splits 20 --frozen            # frozen rule
     python benchmarks/bench_rule_dev.py --data DIR --datasets surf --splits 20 --set fresh --frozen
+    python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants           # extensions
+    python benchmarks/bench_rule_dev.py --data DIR --datasets surf --labels 3 --splits 20 \
+        --set fresh2 --variants                                                     # confirmation
+    python benchmarks/bench_rule_dev.py --variant-tables benchmarks/results/rule_dev_variants.json
 
 Two phases in one script, so the rule is judged on the same records it was chosen from:
 
@@ -22,8 +26,9 @@ Two phases in one script, so the rule is judged on the same records it was chose
 
 Split sets: ``dev`` (seed 2027, the development set of ``benchmarks/bench_selection.py``,
 extended to other label budgets: the same source rows, ``n`` labelled target rows per
-class drawn by the same generator) and ``fresh`` (seed 2026, kept for the confirmation of
-the frozen rule). Hoffman's 20 fixed splits are never read here. Datasets and the
+class drawn by the same generator), ``fresh`` (seed 2026, kept for the confirmation of
+the frozen rule) and ``fresh2`` (seed 2029, for the confirmation of its extensions).
+Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
 budget when a target class has no more than ``n`` samples (dslr has 8 in one class, so
@@ -40,7 +45,10 @@ per-budget summary of every rule to ``rule_<set>_rules.md``; ``--frozen`` runs t
 rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data") as the product
 runs it (``select="auto"``, :func:`mmdtl2_dist.core.auto.fit_predict_auto`) into
 ``rule_<set>_frozen.json`` and its per-shift tables, picks and cost into
-``rule_<set>_frozen.md``.
+``rule_<set>_frozen.md``; ``--variants`` runs the frozen rule and its self-training and
+ensemble extensions (:func:`collect_variants`; BENCHMARKS.md, "Two extensions of the
+frozen rule, studied on dev data") on the same splits into ``rule_<set>_variants.json``
+and ``.md`` (``--variant-tables`` rewrites the ``.md`` from the ``.json``).
 """
 
 from __future__ import annotations
