@@ -186,6 +186,26 @@ def test_damaged_or_missing_part_files_are_recomputed_never_summed(tmp_path, cap
     assert marker["parts"][1] != before["0_0.1.json"]["attempt"]
     _close(gs.to_numpy(), Z @ Z.T)
     assert not list(parts_dir.iterdir())
+    # A damaged chunk of the finished Gram: its tile is recomputed, part by part.
+    chunk = out / "gram" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    again = compute_gram(tmp_path / "st", "s", out, **kw)
+    assert len(again.last_run["repaired"]) == 1 and again.last_run["parts_computed"] == 4
+    assert np.array_equal(again.to_numpy(), gs.to_numpy())
+
+
+def test_lost_feature_chunk_is_named_by_the_part_that_reads_it(tmp_path):
+    from mmdtl2_dist.engine import tasks
+    from mmdtl2_dist.store import CorruptChunkError, FeatureStore
+
+    _wide_store(tmp_path / "st")
+    array = FeatureStore.open(tmp_path / "st").array_path("b", "s")
+    (Path(array) / "c" / "0" / "9").unlink()  # columns 36,864-40,960: the last part's
+    with pytest.raises(CorruptChunkError, match=r"chunk\(s\) \(0, 9\)"):
+        compute_gram(tmp_path / "st", "s", tmp_path / "g", address=IN_PROCESS, feature_parts=3)
+    parts = tmp_path / "g" / "tiles" / tasks.PARTS_DIR
+    assert sorted(p.name for p in parts.glob("*.json")) == ["0_0.0.json", "0_0.1.json"]
+    assert not list((tmp_path / "g" / "tiles").glob("*.json"))
 
 
 def test_a_part_damaged_before_its_combine_is_named_and_removed(tmp_path):
