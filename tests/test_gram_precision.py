@@ -76,12 +76,13 @@ def test_block_products_update_the_accumulator_in_place():
             for c0 in range(0, 3000, 1000):
                 b = None if other is None else prod.cast(other[:, c0 : c0 + 1000], "b")
                 prod.add(prod.cast(A[:, c0 : c0 + 1000]), b)
-                assert prod.G is G  # updated where it is, never replaced by a copy
-            if other is None:  # the symmetric product computes the upper triangle only
-                assert not np.tril(G, -1).any()
+                assert np.shares_memory(prod.G, G)  # updated where it is, never copied
+            if other is None:  # the symmetric product computes one triangle only
+                assert not np.triu(G, 1).any()
             out = prod.result()
             np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
-            assert out.flags.c_contiguous and (other is not None or np.array_equal(out, out.T))
+            assert out.flags.c_contiguous and np.shares_memory(out, G)  # no copy at the end
+            assert other is not None or np.array_equal(out, out.T)
 
 
 def test_mixed_gram_is_never_taken_for_the_exact_one(cnn_store, tmp_path):

@@ -118,21 +118,27 @@ def check_device(device: str):
 class NumpyProduct:
     """The float64 accumulator of one tile and its block products, in numpy and BLAS.
 
-    The accumulator is Fortran-ordered so that BLAS updates it in place; a C-ordered
-    block ``A`` goes to BLAS as ``Aᵀ``, a Fortran-ordered view of the same memory, so
-    nothing is copied (scipy copies only arrays in the other order).
+    The accumulator holds ``Gᵀ`` in Fortran order, which is ``G`` in C order: BLAS
+    updates it in place (``Gᵀ += B Aᵀ``) and the tile comes out C-ordered without a
+    copy. A C-ordered block ``A`` goes to BLAS as ``Aᵀ``, a Fortran-ordered view of the
+    same memory, so nothing is copied (scipy copies only arrays in the other order).
     """
 
     device = "numpy"
 
     def __init__(self, shape: tuple[int, int], precision: str, timer: PhaseTimer):
-        self.G = np.zeros(shape, order="F")
+        self._acc = np.zeros(shape[::-1], order="F")
         self.mixed = precision == "mixed"
         self.dtype = np.float32 if self.mixed else np.float64
         self.timer = timer
         self.symmetric = False
         self._buf: np.ndarray | None = None
         self._cast_bufs: dict[str, np.ndarray] = {}
+
+    @property
+    def G(self) -> np.ndarray:
+        """The tile accumulated so far (a C-ordered view of the accumulator)."""
+        return self._acc.T
 
     def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
         """``x`` in the dtype its products use (``x`` itself when it already is).
@@ -151,27 +157,40 @@ class NumpyProduct:
         return out
 
     def add(self, A: np.ndarray, B: np.ndarray | None = None) -> None:
-        """``G += A Bᵀ`` (``B`` None: ``A Aᵀ``, upper triangle only, half the flops)."""
+        """``G += A Bᵀ`` (``B`` None: ``A Aᵀ``, one triangle only, half the flops)."""
         self.symmetric = B is None
         with self.timer.phase("product"):
             A = np.ascontiguousarray(A)
-            B = None if B is None else np.ascontiguousarray(B)
+            B = A if B is None else np.ascontiguousarray(B)
             if not self.mixed:
-                self.G = _blas_update(self.G, A, B, beta=1.0)
+                self._acc = _blas_update(self._acc, B, None if self.symmetric else A, 1.0)
                 return
-            if self._buf is None:  # zeros: a symmetric product leaves its lower part alone
-                self._buf = np.zeros(self.G.shape, dtype=np.float32, order="F")
+            if self._buf is None:  # zeros: a symmetric product leaves one triangle alone
+                self._buf = np.zeros(self._acc.shape, dtype=np.float32, order="F")
             for k0 in range(0, A.shape[1], MIXED_SPAN):
-                a = A[:, k0 : k0 + MIXED_SPAN]
-                b = None if B is None else B[:, k0 : k0 + MIXED_SPAN]
-                self._buf = _blas_update(self._buf, a, b, beta=0.0)
-                self.G += self._buf
+                a = None if self.symmetric else A[:, k0 : k0 + MIXED_SPAN]
+                self._buf = _blas_update(self._buf, B[:, k0 : k0 + MIXED_SPAN], a, 0.0)
+                self._acc += self._buf
 
     def result(self) -> np.ndarray:
-        """The tile, C-ordered; a symmetric tile's upper triangle mirrored below."""
+        """The tile, C-ordered; a symmetric tile's computed triangle mirrored."""
         if self.symmetric:
-            mirror_upper(self.G)
-        return np.ascontiguousarray(self.G)
+            mirror_upper(self._acc)
+        return self.G
+
+
+def _blas_update(C: np.ndarray, X: np.ndarray, Y: np.ndarray | None, beta: float) -> np.ndarray:
+    """``C = X Yᵀ + beta C`` in place by BLAS (``Y`` None: ``syrk``, upper triangle of ``X Xᵀ``).
+
+    ``C`` is Fortran-ordered and ``X``, ``Y`` (C-ordered) are passed as their
+    transposes: BLAS reads and writes the arrays' own memory, and returns ``C`` itself.
+    """
+    single = C.dtype == np.float32
+    if Y is None:
+        syrk = blas.ssyrk if single else blas.dsyrk
+        return syrk(1.0, X.T, beta=beta, c=C, trans=1, overwrite_c=True)
+    gemm = blas.sgemm if single else blas.dgemm
+    return gemm(1.0, X.T, Y.T, beta=beta, c=C, trans_a=1, overwrite_c=True)
 
 
 def mirror_upper(G: np.ndarray, block: int = 256) -> None:
@@ -186,20 +205,6 @@ def mirror_upper(G: np.ndarray, block: int = 256) -> None:
         diag = G[i : i + block, i : i + block]
         rows, cols = np.tril_indices(diag.shape[0], -1)
         diag[rows, cols] = diag[cols, rows]
-
-
-def _blas_update(C: np.ndarray, A: np.ndarray, B: np.ndarray | None, beta: float) -> np.ndarray:
-    """``C = A Bᵀ + beta C`` in place by BLAS (``B`` None: ``syrk``, upper triangle of ``A Aᵀ``).
-
-    ``C`` is Fortran-ordered and ``A``, ``B`` are passed as their transposes: BLAS reads
-    and writes the arrays' own memory, and returns ``C`` itself.
-    """
-    single = C.dtype == np.float32
-    if B is None:
-        syrk = blas.ssyrk if single else blas.dsyrk
-        return syrk(1.0, A.T, beta=beta, c=C, trans=1, overwrite_c=True)
-    gemm = blas.sgemm if single else blas.dgemm
-    return gemm(1.0, A.T, B.T, beta=beta, c=C, trans_a=1, overwrite_c=True)
 
 
 class TorchProduct:
