@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         repaired = run_info.get("repaired") or []
         how = "reused the complete Gram: " if gs.reused else ""
         print(
-            f"{gs}\n{how}computed {run_info.get('computed', 0)} tiles, skipped "
-            f"{run_info.get('skipped', 0)}, {run_info.get('seconds', 0.0):.1f} s"
+            f"{gs}\n{how}computed {run_info.get('computed', 0)} tiles"
+            + (f" ({parts} feature parts)" if (parts := run_info.get("parts_computed")) else "")
+            + f", skipped {run_info.get('skipped', 0)}, {run_info.get('seconds', 0.0):.1f} s"
             + (f"; {len(repaired)} damaged part(s) recomputed" if repaired else "")
         )
         if args.out is None:
