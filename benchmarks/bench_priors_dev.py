@@ -50,12 +50,12 @@ import scipy.io as sio
 from bench_selection import SEEDS, random_split_rows
 from threadpoolctl import threadpool_limits
 
+from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import (
     SamplePool,
     coral_map,
-    pca_basis,
     shared_pca_map,
     subspace_alignment_map,
 )

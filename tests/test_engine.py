@@ -513,3 +513,28 @@ def test_killed_gram_command_leaves_no_ray_process(ray_local, tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_local_ray_workers_run_at_the_commands_niceness(tmp_path):
+    """A local Ray started by the product runs its workers at the command's priority.
+
+    Ray's default worker niceness (15) makes them yield the cores to every other process
+    of the machine; the command's own workers must not (a real local Ray in a real
+    subprocess: this session's Ray is already running).
+    """
+    code = (
+        "import os\n"
+        "from mmdtl2_dist.engine.ray_session import ensure_ray\n"
+        "ray, owned = ensure_ray(None, 1)\n"
+        "nice = ray.get(ray.remote(lambda: os.nice(0)).remote())\n"
+        "print(os.nice(0), nice)\n"
+        "ray.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    env.update(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    driver, worker = map(int, out.stdout.split()[-2:])
+    assert worker == driver

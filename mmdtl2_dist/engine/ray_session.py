@@ -14,6 +14,13 @@ from pathlib import Path
 
 from mmdtl2_dist.engine.in_process import IN_PROCESS, InProcessTasks
 
+#: Niceness of the workers of a local Ray started here: that of the command that started
+#: them. Ray's default (15) makes them yield the cores to any other process at normal
+#: priority (another user's job, the plain loop a benchmark compares them with), so a
+#: local run would be slowest exactly when the machine is shared. A cluster keeps the
+#: niceness it was started with; ``RAY_worker_niceness`` set by the user wins.
+WORKER_NICENESS = "0"
+
 
 def task_runner(address: str | None, num_cpus: int | None, num_gpus: int | None = None):
     """Where the Gram's tasks run: this process (``address=IN_PROCESS``), else Ray.
@@ -38,6 +45,10 @@ def ensure_ray(address: str | None, num_cpus: int | None, num_gpus: int | None =
     if ray.is_initialized():
         return ray, False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is None:
+        # Ray starts its workers at niceness 15, below every other process of the machine;
+        # the workers of a local run are this command's own work (see WORKER_NICENESS).
+        os.environ.setdefault("RAY_worker_niceness", WORKER_NICENESS)
     # Workers must import this package even when it is not installed (a source checkout).
     pkg_root = str(Path(__file__).resolve().parents[2])
     env = {
