@@ -102,11 +102,13 @@ def test_the_package_holds_no_benchmark_or_test_fixture():
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     assert "bench" not in commands
     assert not [p for p in inspect.signature(compute_gram).parameters if p.startswith("_")]
+    # ``part``: the feature part of a split tile (the job's plan), not a test hook.
     assert list(inspect.signature(tasks.gram_tile_task).parameters) == [
         "job",
         "tile",
         "stats",
         "norms",
+        "part",
     ]
 
 
