@@ -256,6 +256,7 @@ def _engine_runs(args, store, work, ref, n) -> dict:
                 "seconds": best,
                 "tile_rows": gs.tile_rows,
                 "tiles": len(gram_tile_plan(n, gs.tile_rows)),
+                "parts": gs.job.get("parts", 1),
                 "feature_blocks": len(gs.job["col_blocks"]),
                 "max_rel_err": err,
                 "timing": gs.last_run["timing"],
@@ -410,7 +411,13 @@ def cost_model(result: dict) -> dict:
         precision = r["precision"]
         rate = cal.get(f"device_flops_per_s_{precision}", cal[f"flops_per_s_{precision}"])
         pred = predict_gram_seconds(
-            n, L, r["workers"], rate, cal["read_bytes_per_s"], tile_rows=r["tile_rows"]
+            n,
+            L,
+            r["workers"],
+            rate,
+            cal["read_bytes_per_s"],
+            tile_rows=r["tile_rows"],
+            parts=r.get("parts", 1),
         )
         runs[label] = {
             **pred,
@@ -483,6 +490,7 @@ def big(args) -> dict:
             cal.get(f"device_flops_per_s_{precision}", cal[f"flops_per_s_{precision}"]),
             cal["read_bytes_per_s"],
             tile_rows=gs.tile_rows,
+            parts=gs.job.get("parts", 1),
         )
         run = {
             "gram_seconds": t,

@@ -19,20 +19,26 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+from office_splits import split_problem
 from threadpoolctl import threadpool_limits
 
 from mmdtl2_dist.core.methods import METHODS, fit_predict
 from mmdtl2_dist.datasets.office_caltech import N_TRIALS, SHIFTS
-from mmdtl2_dist.office import split_problem
 
 SPEC = Path(__file__).resolve().parents[1] / "studies" / "office_caltech10.toml"
 
 
 def core_columns(spec: Path = SPEC) -> list[tuple[str, str, dict]]:
-    """``(label, method, params)`` of the spec's methods that the core fits."""
+    """``(label, method, params)`` of the spec's fixed-parameter methods that the core fits.
+
+    Columns with a selection (``select``) are left out: the study records their fit and
+    selection times itself.
+    """
     methods = tomllib.loads(spec.read_text())["methods"]
     return [
-        (m["label"], m["method"], m.get("params", {})) for m in methods if m["method"] in METHODS
+        (m["label"], m["method"], m.get("params", {}))
+        for m in methods
+        if m["method"] in METHODS and "select" not in m and "select" not in m.get("params", {})
     ]
 
 

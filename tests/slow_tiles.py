@@ -4,7 +4,8 @@
 (the driver's) process while it is active. The driver hands that function to
 ``ray.remote``; the replacement is a closure, so Ray ships it to the workers by value and
 the workers need nothing of this module. In a worker it writes
-``<probe_dir>/<tile key>.<worker pid>`` (which process is busy with which tile), sleeps
+``<probe_dir>/<tile key>.<worker pid>`` (``<tile key>-p<part>.<pid>`` for a feature part:
+which process is busy with which task), sleeps
 ``delay`` seconds (the window in which a test kills that worker, or its whole node), then
 runs the real task from the worker's own, unpatched, ``mmdtl2_dist.engine.tasks``.
 
@@ -27,12 +28,13 @@ def announcing_tile_task(probe_dir: str | os.PathLike, delay: float):
     """A ``gram_tile_task`` that records ``<tile key>.<pid>`` and waits ``delay`` s first."""
     probe_dir = str(probe_dir)
 
-    def gram_tile_task(job, tile, stats, norms):
+    def gram_tile_task(job, tile, stats, norms, part=None):
         from mmdtl2_dist.engine import tasks as worker_tasks  # the real one, in the worker
 
-        Path(probe_dir, f"{tile.key}.{os.getpid()}").touch()
+        task = tile.key if part is None else f"{tile.key}-p{part}"
+        Path(probe_dir, f"{task}.{os.getpid()}").touch()
         time.sleep(delay)
-        return worker_tasks.gram_tile_task(job, tile, stats, norms)
+        return worker_tasks.gram_tile_task(job, tile, stats, norms, part)
 
     return gram_tile_task
 

@@ -102,9 +102,28 @@ def test_the_package_holds_no_benchmark_or_test_fixture():
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     assert "bench" not in commands
     assert not [p for p in inspect.signature(compute_gram).parameters if p.startswith("_")]
+    # ``part``: the feature part of a split tile (the job's plan), not a test hook.
     assert list(inspect.signature(tasks.gram_tile_task).parameters) == [
         "job",
         "tile",
         "stats",
         "norms",
+        "part",
     ]
+
+
+SCRIPTS = [p for p in sorted((ROOT / "benchmarks").glob("*.py")) if "__main__" in p.read_text()]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_benchmark_script_starts(script):
+    """Each script of benchmarks/ imports what it uses from the product and parses its
+    arguments (``--help``): a function moved or renamed in the package breaks it here,
+    not months later in the hands of whoever reruns a figure.
+    """
+    out = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage" in out.stdout.lower()

@@ -58,9 +58,12 @@ def test_row_segments_and_feature_blocks():
         feature_blocks(64_896, 4056, 8192, 256)
     fit = max_tile_rows(4056, 256)
     assert task_memory_bytes(fit, 4056) <= 256 * 2**20 < task_memory_bytes(fit + 8, 4056)
-    assert choose_tile_rows(2000, 256, 4056) == 1024  # two row tiles for two workers
+    # Tiles as large as memory allows, at most all rows: each row is read once per tile of
+    # its row, so 2,000 rows are one tile (read once), whose features are split among the
+    # workers (choose_parts) instead of cutting it into 3 tiles that read every row twice.
+    assert choose_tile_rows(2000, 256, 4056) == 2000
     assert choose_tile_rows(20_000, 256, 4056) == 2048
-    assert choose_tile_rows(30, 30, 12) == 15
+    assert choose_tile_rows(30, 30, 12) == 30
 
 
 # ------------------------------------------------------------------- helpers ---------

@@ -7,6 +7,7 @@ single-process torch loop written independently of the product (torchvision's Al
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -244,12 +245,47 @@ def test_unfinished_work_of_other_inputs_is_refused_not_mixed(images, tmp_path, 
     out = tmp_path / "w.zarr"
     table, spec = read_images(images), ModelSpec.parse("alexnet:conv3")
     old = Extractor(spec, "random:1", Preprocessing())
-    _open_work(work_folder(out), _job_spec(table, spec, old, Preprocessing(), 256), table, False)
+    job = _job_spec(table, spec, old, Preprocessing(), 256)
+    os.close(_open_work(work_folder(out), job, table, False)[1])  # as a killed run leaves it
     assert main(["extract", str(images), str(out), "--weights", "random:0"]) == 2
     err = capsys.readouterr().err
     assert f"{work_folder(out)} holds an unfinished extraction of other inputs" in err
     assert "weights_sha256" in err and "--restart" in err
     assert (work_folder(out) / "job.json").exists() and not out.exists()
+
+
+def test_a_second_run_while_one_works_changes_nothing(images, tmp_path, capsys):
+    """Even with --restart, a run for a store another run is extracting touches none of its
+    work: the lock is taken before the job file is read, written or discarded."""
+    from mmdtl2_dist.extract.job import _job_spec, _open_work
+
+    out, work = tmp_path / "r.zarr", work_folder(tmp_path / "r.zarr")
+    table, spec = read_images(images), ModelSpec.parse("alexnet:conv3")
+    job = _job_spec(table, spec, Extractor(spec, "random:1", Preprocessing()), Preprocessing(), 8)
+    _, fd = _open_work(work, job, table, False)  # the running extraction holds the lock
+    try:
+        (work / "shards" / "000000.npz").write_bytes(b"a finished shard")
+        before = (work / "job.json").read_bytes()
+        argv = ["extract", str(images), str(out), "--weights", "random:0", "--restart"]
+        assert main(argv) == 2
+        assert "another `mmdtl2 extract` is writing this store" in capsys.readouterr().err
+        assert (work / "job.json").read_bytes() == before
+        assert (work / "shards" / "000000.npz").read_bytes() == b"a finished shard"
+    finally:
+        os.close(fd)
+
+
+def test_work_folder_of_a_run_killed_before_its_job_file_is_taken_over(images, tmp_path):
+    from mmdtl2_dist.extract.job import _job_spec, _open_work
+
+    work = work_folder(tmp_path / "k.zarr")
+    work.mkdir()
+    (work / ".lock").touch()  # killed between taking the lock and writing job.json
+    table, spec = read_images(images), ModelSpec.parse("alexnet:conv3")
+    job = _job_spec(table, spec, Extractor(spec, "random:0", Preprocessing()), Preprocessing(), 8)
+    resumed, fd = _open_work(work, job, table, False)
+    os.close(fd)
+    assert resumed is False and json.loads((work / "job.json").read_text())["shard_rows"] == 8
 
 
 def test_output_path_holding_other_files_is_refused(images, tmp_path, capsys):

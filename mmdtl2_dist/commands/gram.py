@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         preprocessing=args.preprocessing,
         precision=args.precision,
         tile_rows=args.tile_rows,
+        feature_parts=args.feature_parts,
         address=args.address,
         max_task_memory_mb=args.max_task_memory_mb,
         progress=progress_choice(args),
@@ -58,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         repaired = run_info.get("repaired") or []
         how = "reused the complete Gram: " if gs.reused else ""
         print(
-            f"{gs}\n{how}computed {run_info.get('computed', 0)} tiles, skipped "
-            f"{run_info.get('skipped', 0)}, {run_info.get('seconds', 0.0):.1f} s"
+            f"{gs}\n{how}computed {run_info.get('computed', 0)} tiles"
+            + (f" ({parts} feature parts)" if (parts := run_info.get("parts_computed")) else "")
+            + f", skipped {run_info.get('skipped', 0)}, {run_info.get('seconds', 0.0):.1f} s"
             + (f"; {len(repaired)} damaged part(s) recomputed" if repaired else "")
         )
         if args.out is None:
@@ -133,6 +135,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "numpy on the CPU, or cuda with --gpus",
     )
     p.add_argument("--tile-rows", type=int, help="rows per tile (default: up to 2048)")
+    p.add_argument(
+        "--feature-parts",
+        type=int,
+        help="split each tile's features into this many tasks, summed in order (default: "
+        "1, or enough for every worker when there are fewer tiles than workers)",
+    )
     p.add_argument("--address", help="Ray cluster address (default: a local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument(

@@ -7,6 +7,11 @@ Each tile task reads its rows' features and multiplies them, then writes one Gra
 * it writes ``T² · 8`` bytes and costs a fixed ``task_overhead_s`` (scheduling, opening
   arrays, the marker).
 
+A tile split into ``P`` feature parts (:mod:`mmdtl2_dist.engine.plan`) is ``P`` tasks of
+``1/P`` of its reads and flops, each writing its partial ``T² · 8`` bytes, and a combine
+task that reads the ``P`` partial tiles and writes the chunk; the combines run after
+the parts.
+
 A task takes ``flops / r + bytes_read / s + bytes_written / s + overhead``, with ``r``
 the product rate of one worker (flop/s: one BLAS thread, or one GPU) and ``s`` the rate
 at which one worker reads and decodes features (bytes/s: storage, CRC32C,
@@ -38,6 +43,7 @@ def predict_gram_seconds(
     itemsize: int = 4,
     task_overhead_s: float = 0.01,
     startup_s: float = 0.0,
+    parts: int = 1,
 ) -> dict:
     """Predicted wall time of the Gram of ``n`` samples of ``n_features`` features.
 
@@ -57,28 +63,35 @@ def predict_gram_seconds(
         Bytes per stored feature.
     task_overhead_s, startup_s : float
         Fixed cost of one task and of the job.
+    parts : int
+        Feature parts per tile (1: one task per tile).
 
     Returns
     -------
     dict
         ``seconds`` (predicted wall time), ``compute_seconds`` and ``io_seconds`` (summed
-        over tasks), ``tiles``, ``busy_workers`` and ``balance`` (total work / (workers ×
-        makespan): 1 when the tiles divide evenly).
+        over tasks), ``tiles``, ``tasks``, ``busy_workers`` and ``balance`` (total work /
+        (workers × makespan): 1 when the tasks divide evenly).
     """
-    if workers < 1 or flops_per_s <= 0 or read_bytes_per_s <= 0:
-        raise ValueError("need workers >= 1 and positive rates.")
+    if workers < 1 or flops_per_s <= 0 or read_bytes_per_s <= 0 or parts < 1:
+        raise ValueError("need workers >= 1, parts >= 1 and positive rates.")
     tiles = gram_tile_plan(n, min(tile_rows, n))
     compute = io = 0.0
-    durations = []
+    durations, combines = [], []
     for t in tiles:
         rows_a, rows_b = t.a1 - t.a0, t.b1 - t.b0
         flops = (1.0 if t.diagonal else 2.0) * rows_a * rows_b * n_features
         read = (rows_a + (0 if t.diagonal else rows_b)) * n_features * itemsize
-        c, i = flops / flops_per_s, (read + 8.0 * rows_a * rows_b) / read_bytes_per_s
+        c, i = flops / flops_per_s, (read + 8.0 * rows_a * rows_b * parts) / read_bytes_per_s
+        durations += [(c + i) / parts + task_overhead_s] * parts
+        if parts > 1:  # reads the parts, writes the chunk
+            combines.append(8.0 * rows_a * rows_b * (parts + 1) / read_bytes_per_s)
+            i += combines[-1]
+            combines[-1] += task_overhead_s
         compute, io = compute + c, io + i
-        durations.append(c + i + task_overhead_s)
-    free = [0.0] * min(workers, len(tiles))
-    for d in durations:  # each tile to the worker free first, in plan order
+    durations += combines
+    free = [0.0] * min(workers, len(durations))
+    for d in durations:  # each task to the worker free first, in plan order
         heapq.heappush(free, heapq.heappop(free) + d)
     makespan = max(free)
     return {
@@ -86,6 +99,7 @@ def predict_gram_seconds(
         "compute_seconds": compute,
         "io_seconds": io,
         "tiles": len(tiles),
+        "tasks": len(durations),
         "busy_workers": len(free),
         "balance": sum(durations) / (workers * makespan) if makespan > 0 else 1.0,
     }
@@ -96,9 +110,9 @@ def workers_for(
 ) -> int | None:
     """Fewest workers whose predicted time is at most ``seconds`` (a cluster's size).
 
-    None when even one worker per tile is too slow (smaller tiles would be needed).
+    None when even one worker per task is too slow (smaller tiles would be needed).
     """
-    tiles = len(gram_tile_plan(n, min(kw.get("tile_rows", 2048), n)))
+    tiles = len(gram_tile_plan(n, min(kw.get("tile_rows", 2048), n))) * kw.get("parts", 1)
     lo, hi = 1, max(1, tiles)
     most = predict_gram_seconds(n, n_features, hi, flops_per_s, read_bytes_per_s, **kw)
     if most["seconds"] > seconds:

@@ -37,19 +37,19 @@ from mmdtl2_dist.engine.in_process import IN_PROCESS
 from mmdtl2_dist.engine.location import gram_location, gram_lock, make_gram_dir
 from mmdtl2_dist.engine.plan import (
     DEFAULT_TASK_MEMORY_MB,
+    choose_parts,
     choose_tile_rows,
     feature_blocks,
     gram_tile_plan,
+    part_blocks,
     plan_summary,
     task_memory_bytes,
 )
 from mmdtl2_dist.engine.products import check_device, check_precision
-from mmdtl2_dist.engine.ray_session import task_runner
-from mmdtl2_dist.engine.scheduling import run_tasks
-from mmdtl2_dist.engine.statistics import load_stats, stats_pass
-from mmdtl2_dist.engine.timing import format_timing, summarize_timing
+from mmdtl2_dist.engine.running import JobRunner, run_job
+from mmdtl2_dist.engine.timing import format_timing
 from mmdtl2_dist.engine.verify import finish, forget_damaged
-from mmdtl2_dist.progress import Progress, say
+from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.outputs import OutputKind, StagedOutput, claim_output
 
@@ -64,9 +64,9 @@ _GRAM_KEYS = (
     "precision",
 )
 #: The value of a key that job.json files written without it hold.
-_KEY_DEFAULTS = {"precision": "float64"}
-#: A partial Gram is resumed only with the same tiles and feature blocks as well.
-_JOB_KEYS = (*_GRAM_KEYS, "tile_rows", "col_blocks")
+_KEY_DEFAULTS = {"precision": "float64", "parts": 1}
+#: A partial Gram is resumed only with the same plan (tiles, feature blocks, parts) as well.
+_JOB_KEYS = (*_GRAM_KEYS, "tile_rows", "col_blocks", "parts")
 
 
 def _gram_identity(
@@ -92,14 +92,23 @@ def _stored(job: dict, key: str):
 
 
 def _job_spec(
-    fs: FeatureStore, space, devices, preprocessing, tile_rows, col_blocks, precision="float64"
+    fs: FeatureStore,
+    space,
+    devices,
+    preprocessing,
+    tile_rows,
+    col_blocks,
+    precision="float64",
+    parts=1,
 ) -> dict:
+    """The job.json of a Gram job: its identity, its plan and its state."""
     return {
         "format": GRAM_FORMAT,
         "store": str(fs.path),
         **_gram_identity(fs, space, devices, preprocessing, precision),
         "tile_rows": int(tile_rows),
         "col_blocks": [list(b) for b in col_blocks],
+        "parts": int(parts),
         "stats_done": preprocessing == "none",
         "complete": False,
     }
@@ -206,6 +215,7 @@ def compute_gram(
     preprocessing: str = "none",
     precision: str = "float64",
     tile_rows: int | None = None,
+    feature_parts: int | None = None,
     address: str | None = None,
     max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
     progress: bool | None = None,
@@ -248,9 +258,11 @@ def compute_gram(
         ``"float64"``: the exact Gram. ``"mixed"``: float32 block products accumulated in
         float64, with the error bound of :mod:`mmdtl2_dist.engine.products`; a mixed
         Gram has its own key and is never used where the exact one is asked for.
-    tile_rows : int, optional
-        Rows per tile. Default: up to 2,048, aligned to the store's chunks, fitting
-        ``max_task_memory_mb``.
+    tile_rows, feature_parts : int, optional
+        The plan (:mod:`mmdtl2_dist.engine.plan`): rows per tile (default up to 2,048,
+        fitting ``max_task_memory_mb``) and tasks per tile, each summing a part of the
+        features (default 1, or enough for every worker when tiles are fewer). The last
+        bits depend on the plan: give both for the same bits on any cluster.
     address, max_task_memory_mb, progress, num_cpus, gpus, device, max_retries, max_in_flight
         How the tasks run: the fields of :class:`GramRun` (``device`` defaults to
         ``"cuda"`` with ``gpus``).
@@ -272,7 +284,8 @@ def compute_gram(
     fs = FeatureStore.open(store_path)
     out = _gram_output(fs, space, out_path, gram_dir, preprocessing, precision)
     with gram_lock(out, progress):
-        return _compute(fs, space, out, preprocessing, precision, tile_rows, run)
+        asked = (tile_rows, feature_parts)
+        return _compute(fs, space, out, preprocessing, precision, asked, run)
 
 
 def _check_gram_arguments(preprocessing: str, precision: str, out_path, gram_dir) -> None:
@@ -325,11 +338,15 @@ def _complete_gram_of(stored: dict | None, fs: FeatureStore, space, devices, pre
     return all(_stored(stored, k) == want[k] for k in _GRAM_KEYS)
 
 
-def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, tile_rows, run) -> tuple:
+def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, asked, run, workers):
     """The job of the Gram at ``out``: stored (resumed, re-checked) or new.
 
-    Returns ``(job, stored)``: the job to run and whether ``out`` held one already.
+    ``asked`` is the plan asked for, ``(tile_rows, feature_parts)`` (None: chosen here;
+    a stored job keeps its own). ``workers()`` says how many tasks run at once; it is
+    called only to plan a new job. Returns ``(job, stored)``: the job to run and whether
+    ``out`` held one already.
     """
+    tile_rows, parts = asked
     devices = fs.devices_in(space)
     arr0 = fs.array(devices[0], space)
     itemsize = arr0.dtype.itemsize
@@ -338,15 +355,12 @@ def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, tile_rows,
     chunk_rows, chunk_cols = arr0.chunks
     stored = json.loads((out / JOB_FILE).read_text()) if (out / JOB_FILE).exists() else None
     if _complete_gram_of(stored, fs, space, devices, preprocessing, precision):
-        tile_rows = stored["tile_rows"]  # used as it is, whatever tile size was asked for
+        # used as it is, whatever plan was asked for
+        tile_rows, parts = stored["tile_rows"], _stored(stored, "parts")
     budget = run.max_task_memory_mb
-    if tile_rows is None:
-        tile_rows = (
-            stored["tile_rows"]
-            if stored
-            else choose_tile_rows(n_rows, chunk_rows, chunk_cols, budget, itemsize)
-        )
-    if stored:  # resume with the stored feature blocks (same summation order, same bits)
+    if stored:  # resume with the stored plan (same summation order, same bits)
+        tile_rows = stored["tile_rows"] if tile_rows is None else tile_rows
+        parts = _stored(stored, "parts") if parts is None else parts
         col_blocks = [tuple(b) for b in stored["col_blocks"]]
         span = max(c1 - c0 for c0, c1 in col_blocks)
         need = task_memory_bytes(tile_rows, span, itemsize)
@@ -356,118 +370,67 @@ def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, tile_rows,
                 f"{span}); raise max_task_memory_mb or start anew in another out_path."
             )
     else:
+        if tile_rows is None:
+            tile_rows = choose_tile_rows(n_rows, chunk_rows, chunk_cols, budget, itemsize)
         col_blocks = feature_blocks(n_features, chunk_cols, tile_rows, budget, itemsize)
-    job = _job_spec(fs, space, devices, preprocessing, tile_rows, col_blocks, precision)
+        if parts is None:
+            n_tiles = len(gram_tile_plan(n_rows, tile_rows))
+            parts = choose_parts(n_tiles, len(col_blocks), workers())
+        part_blocks(col_blocks, parts)  # refuses more parts than feature blocks
+    job = _job_spec(fs, space, devices, preprocessing, tile_rows, col_blocks, precision, parts)
     if stored:
         return _check_resumable(out, job), True
     _create_skeleton(out, job, fs)
     return job, False
 
 
-def _compute(fs: FeatureStore, space, out: Path, preprocessing, precision, tile_rows, run):
+def _compute(fs: FeatureStore, space, out: Path, preprocessing, precision, asked, run):
     """Create, resume or re-check the Gram job at ``out`` and run its missing tiles.
 
-    The caller holds the Gram's lock.
+    The caller holds the Gram's lock. Ray starts (or is connected) only when there is
+    something to compute, or a new job to plan for the cluster's workers.
     """
-    job, stored = _plan_job(fs, space, out, preprocessing, precision, tile_rows, run)
-    t_start = time.monotonic()
-    tiles = gram_tile_plan(job["n_rows"], job["tile_rows"])
-    repaired = forget_damaged(out, job, tiles, run.progress) if stored else []
-    if job.get("complete"):
-        gs = GramStore.open(out)
-        gs.reused = True
-        gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
-        gs.last_run["seconds"] = time.monotonic() - t_start
-        return gs
-    ray, owned = task_runner(run.address, run.num_cpus, run.gpus or None)
+    runner = JobRunner(run)
     try:
-        computed, timing = _run_job(ray, fs, job, out, tiles, run)
+        job, stored = _plan_job(
+            fs, space, out, preprocessing, precision, asked, run, runner.workers
+        )
+        t_start = time.monotonic()
+        tiles = gram_tile_plan(job["n_rows"], job["tile_rows"])
+        repaired = forget_damaged(out, job, tiles, run.progress) if stored else []
+        if job.get("complete"):
+            gs = GramStore.open(out)
+            gs.reused = True
+            gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
+            gs.last_run["seconds"] = time.monotonic() - t_start
+            return gs
+        result = run_job(runner.ray(), fs, job, out, tiles, run)
     finally:
-        if owned:
-            ray.shutdown()
+        runner.close()
     finish(out, job, tiles)
     job["complete"] = True
-    seconds = time.monotonic() - t_start
-    job["last_run"] = _run_summary(job, tiles, computed, repaired, timing, run, seconds)
+    result["repaired"] = repaired + result["repaired"]
+    job["last_run"] = _run_summary(job, tiles, result, run, time.monotonic() - t_start)
     tasks.write_json_atomic(out / JOB_FILE, job)
-    say(run.progress, f"gram {space}: {format_timing(timing)}")
+    say(run.progress, f"gram {space}: {format_timing(result['timing'])}")
     return GramStore.open(out)
 
 
-def _run_summary(job: dict, tiles, computed: int, repaired, timing, run: GramRun, seconds):
+def _run_summary(job: dict, tiles, result: dict, run: GramRun, seconds: float) -> dict:
     """The ``last_run`` record of a finished job.
 
-    Tiles computed, skipped and repaired, the wall time, the plan's size and the tasks'
-    timing.
+    Tiles computed, skipped and repaired, parts computed and resumed, the wall time, the
+    plan's size and the tasks' timing.
     """
+    parts = _stored(job, "parts")
     return {
-        "computed": computed,
-        "skipped": len(tiles) - computed,
+        "computed": result["computed"],
+        "skipped": len(tiles) - result["computed"],
+        "parts_computed": result["parts_computed"],
+        "parts_resumed": result["parts_resumed"],
         "seconds": seconds,
-        "repaired": repaired,
+        "repaired": result["repaired"],
         "device": run.device or "numpy",
-        **plan_summary(job["n_rows"], job["n_features"], tiles, job["col_blocks"]),
-        "timing": timing,
+        **plan_summary(job["n_rows"], job["n_features"], tiles, job["col_blocks"], parts),
+        "timing": result["timing"],
     }
-
-
-def _task_options(job: dict, fs: FeatureStore, run: GramRun) -> dict:
-    """Ray options of the job's tasks: one CPU (or GPU), memory, retries."""
-    itemsize = fs.array(job["devices"][0], job["space"]).dtype.itemsize
-    span = max(c1 - c0 for c0, c1 in job["col_blocks"])
-    mem = task_memory_bytes(job["tile_rows"], span, itemsize)
-    opts = {"num_cpus": 1, "max_retries": run.max_retries, "memory": int(mem)}
-    if run.device is not None and run.device.startswith("cuda"):
-        opts["num_gpus"] = 1
-    return opts
-
-
-def _run_job(ray, fs: FeatureStore, job: dict, out: Path, tiles, run: GramRun) -> tuple[int, dict]:
-    """Run the statistics pass if needed and every unfinished tile; their timing."""
-    opts = _task_options(job, fs, run)
-    if not job["stats_done"]:
-        cpu_opts = {k: v for k, v in opts.items() if k != "num_gpus"}
-        stats_pass(ray, fs, job, out, cpu_opts, run.progress, run.max_in_flight)
-    stats, norms = load_stats(out, job)
-    done = set(GramStore.open(out).finished_tiles())
-    todo = [t for t in tiles if t.key not in done]
-    task_job = {
-        "arrays": [fs.array_path(d, job["space"]) for d in job["devices"]],
-        "offsets": job["offsets"],
-        "col_blocks": [tuple(b) for b in job["col_blocks"]],
-        "method": job["preprocessing"],
-        "precision": job["precision"],
-        "device": run.device,
-        "gram_path": str(out / "gram"),
-        "tiles_dir": str(out / TILES_DIR),
-    }
-    stats_ref, norms_ref = ray.put(stats), ray.put(norms)
-    fn = ray.remote(tasks.gram_tile_task).options(**opts)
-    submitted: dict[str, float] = {}
-
-    def submitter(t):
-        def submit():
-            submitted[t.key] = time.time()
-            return fn.remote(task_job, t, stats_ref, norms_ref)
-
-        return submit
-
-    on_done = _progress_line(job, tiles, len(tiles) - len(todo), run.progress)
-    t0 = time.monotonic()
-    markers = run_tasks(ray, [submitter(t) for t in todo], on_done, run.max_in_flight)
-    records = [{**m["timing"], "submitted": submitted[m["tile"]]} for m in markers if m]
-    return len(todo), summarize_timing(records, time.monotonic() - t0)
-
-
-def _progress_line(job: dict, tiles, skipped: int, progress):
-    """The callback that updates the progress bar (tiles done, GFLOP/s) per result."""
-    flops = plan_summary(job["n_rows"], job["n_features"], tiles, job["col_blocks"])["flops"]
-    flops_per_tile = flops / len(tiles)
-    bar = Progress(f"gram {job['space']}", len(tiles), unit="tiles", done=skipped, enabled=progress)
-
-    def on_done(result):
-        done = bar.done + (result is not None)
-        rate = flops_per_tile * (done - skipped) / max(bar.elapsed(), 1e-9) / 1e9
-        bar.update(done, f"{rate:.1f} GFLOP/s" + (f", {skipped} resumed" if skipped else ""))
-
-    return on_done

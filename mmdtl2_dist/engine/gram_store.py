@@ -5,7 +5,8 @@ Layout (a directory)::
     GRAM/
       zarr.json            Zarr group
       job.json             the job (store, fingerprint, space, devices, preprocessing,
-                           precision, tile size, feature blocks) and its state; written
+                           precision, and its plan: tile size, feature blocks, parts
+                           per tile) and its state; written
                            atomically. A job without ``precision`` is exact (float64).
                            ``store`` records where the features were read from; a Gram
                            is matched to a store by ``store_fingerprint`` only, so moving
@@ -18,6 +19,9 @@ Layout (a directory)::
       stats/<device>/mean, stats/<device>/scale   float64 (L,) (z-score methods only)
       index.parquet        Gram row -> device, row, label, class_name, group, sample_id
       tiles/<i>_<j>.json   completion marker of each tile (resume skips these)
+      tiles/parts/         partial tiles of tiles split into feature parts, while their
+                           tile is not combined: <i>_<j>.<k>.npy and its marker
+                           <i>_<j>.<k>.json (its hash); removed by the tile's combine
 
 Rows are the devices' rows concatenated, devices in sorted order. A Gram computed for a
 store is kept in the store's Gram folder under its key (:mod:`mmdtl2_dist.engine.location`).

@@ -30,7 +30,11 @@ class _Exceptions:
 
 
 class _Ref:
-    """A submitted task: runs once, when the driver first waits for it."""
+    """A submitted task: runs once, when the driver first waits for it.
+
+    An argument that is another task's ref is replaced by that task's result (run
+    first if needed), as Ray hands a task the results of the tasks it depends on.
+    """
 
     def __init__(self, fn: Callable, args: tuple):
         self.fn, self.args = fn, args
@@ -38,8 +42,14 @@ class _Ref:
 
     def run(self) -> None:
         if not self.done:
-            self.value = self.fn(*self.args)
+            args = [_result(a) if isinstance(a, _Ref) else a for a in self.args]
+            self.value = self.fn(*args)
             self.done = True
+
+
+def _result(ref: _Ref):
+    ref.run()
+    return ref.value
 
 
 class _Remote:

@@ -1,10 +1,19 @@
-"""Pure planning of a Gram job: row tiles, feature blocks, memory (no Ray, no I/O).
+"""Pure planning of a Gram job: row tiles, feature blocks, parts, memory (no Ray, no I/O).
 
 The Gram ``G = X Xᵀ`` of ``n`` rows is cut into square tiles of ``tile_rows`` rows; tile
-``(i, j)`` with ``i <= j`` (the upper triangle only) is one task and owns the whole Gram
-chunk ``(i, j)``. Inside a task, the two row tiles are streamed in column blocks of
-``col_span`` features (a multiple of the feature store's column chunk), so the task's
-memory is bounded by :func:`task_memory_bytes` whatever the dimension ``L``.
+``(i, j)`` with ``i <= j`` (the upper triangle only) owns the whole Gram chunk
+``(i, j)``. The two row tiles are streamed in column blocks of ``col_span`` features (a
+multiple of the feature store's column chunk), so a task's memory is bounded by
+:func:`task_memory_bytes` whatever the dimension ``L``.
+
+Tiles are as large as the memory budget allows (fewer tiles: each row is read from the
+store fewer times). When there are fewer tiles than workers (few samples, many
+features: 2,000 × 64,896 is one tile), each tile's feature blocks are split into
+``parts`` contiguous groups (:func:`choose_parts`, :func:`part_blocks`): one task per
+part computes a partial float64 tile, and a combine task sums the parts in part order.
+The plan ``(tile_rows, col_blocks, parts)`` is fixed when a job starts and stored with
+it; the Gram's last bits depend on it (the float64 sums run in its order), and the same
+plan gives the same bits on any worker and any retry.
 
 The rows of a space shared by several devices are the concatenation of each device's
 rows, devices in sorted order (:func:`row_segments` maps a global row range back to the
@@ -137,15 +146,16 @@ def choose_tile_rows(
     chunk_cols: int,
     max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
     itemsize: int = 4,
-    n_workers: int = 2,
 ) -> int:
-    """Default tile size for a Gram of ``n_rows``.
+    """Default tile size for a Gram of ``n_rows``: as large as allowed.
 
-    At most 2,048 rows, a multiple of the store's chunk rows, small enough that there are
-    at least ``n_workers`` row tiles, and fitting ``max_task_memory_mb``.
+    At most 2,048 rows, a multiple of the store's chunk rows, fitting
+    ``max_task_memory_mb``, and at most ``n_rows``: each row is read from the store once
+    per tile of its row, so fewer tiles read less. Workers are kept busy by splitting
+    the features of the tiles (:func:`choose_parts`), not by smaller tiles.
     """
     fit = max_tile_rows(chunk_cols, max_task_memory_mb, itemsize)
-    want = min(DEFAULT_TILE_ROWS, fit, math.ceil(n_rows / max(1, n_workers)))
+    want = min(DEFAULT_TILE_ROWS, fit, n_rows)
     if want >= chunk_rows:
         # Align tiles with the store's row chunks so each chunk is decoded by few tasks.
         up = math.ceil(want / chunk_rows) * chunk_rows
@@ -153,13 +163,48 @@ def choose_tile_rows(
     return int(max(1, min(want, n_rows)))
 
 
-def plan_summary(n_rows: int, n_features: int, tiles: list[Tile], blocks: list) -> dict:
-    """Flops and bytes of a plan (for progress lines and the cluster cost model)."""
+def choose_parts(n_tiles: int, n_blocks: int, n_workers: int) -> int:
+    """Feature parts per tile: enough tasks for ``n_workers``, one part if tiles suffice.
+
+    With fewer tiles than workers, each tile is split into ``ceil(workers / tiles)``
+    parts (at most one per feature block), so every worker has a part of the same size.
+    """
+    if n_tiles >= n_workers:
+        return 1
+    return int(max(1, min(n_blocks, math.ceil(n_workers / max(n_tiles, 1)))))
+
+
+def part_blocks(col_blocks: list, parts: int) -> list[list[tuple[int, int]]]:
+    """The feature blocks of each part: ``parts`` contiguous groups, sizes within one."""
+    if not 1 <= parts <= max(1, len(col_blocks)):
+        raise ValueError(
+            f"feature_parts must lie in [1, {len(col_blocks)}] (one part per feature block "
+            f"at most), got {parts}; give at most {len(col_blocks)}, or leave it out to "
+            "let the plan choose."
+        )
+    base, extra = divmod(len(col_blocks), parts)
+    bounds = [0]
+    for k in range(parts):
+        bounds.append(bounds[-1] + base + (k < extra))
+    return [[tuple(b) for b in col_blocks[bounds[k] : bounds[k + 1]]] for k in range(parts)]
+
+
+def plan_summary(
+    n_rows: int, n_features: int, tiles: list[Tile], blocks: list, parts: int = 1
+) -> dict:
+    """Flops, bytes and tasks of a plan (for progress lines and the cluster cost model).
+
+    A part reads its features of the tile's rows, so the rows read (in whole rows of
+    ``n_features``) do not depend on ``parts``; a split tile runs ``parts`` part tasks
+    and one combine task.
+    """
     pairs = sum((t.a1 - t.a0) * (t.b1 - t.b0) * (0.5 if t.diagonal else 1.0) for t in tiles)
     reads = sum((t.a1 - t.a0) + (0 if t.diagonal else t.b1 - t.b0) for t in tiles)
     return {
         "tiles": len(tiles),
         "feature_blocks": len(blocks),
+        "parts": int(parts),
+        "tasks": len(tiles) * (parts + 1 if parts > 1 else 1),
         "flops": 2.0 * pairs * n_features,
         "rows_read": int(reads),
         "read_amplification": float(reads / max(n_rows, 1)),

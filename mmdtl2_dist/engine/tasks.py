@@ -3,6 +3,13 @@
 They take absolute paths and ranges (never arrays of features), read the Zarr feature
 arrays themselves, and write only Zarr chunks they own (one Gram chunk per tile), then a
 completion marker, atomically. They import neither the driver nor Ray.
+
+A tile split into feature parts (:mod:`mmdtl2_dist.engine.plan`) runs one
+:func:`gram_tile_task` per part, which writes its partial tile to
+``tiles/parts/<i>_<j>.<k>.npy`` (to a temporary name, then renamed) and then its marker
+``<i>_<j>.<k>.json`` holding the file's hash; :func:`gram_combine_task` then checks
+each part against its marker, sums them in part order, writes the tile's chunk and
+marker as an unsplit tile does, and removes the part files.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from mmdtl2_dist.engine.plan import Tile, row_segments
+from mmdtl2_dist.engine.plan import Tile, part_blocks, row_segments
 from mmdtl2_dist.engine.products import tile_product
 from mmdtl2_dist.engine.timing import PhaseTimer
 from mmdtl2_dist.store.feature_store import read_array_block
 
 L2_METHODS = ("l2", "l2_zscore")
+#: Folder of the partial tiles of split tiles, in the Gram store's ``tiles`` folder.
+PARTS_DIR = "parts"
 ZSCORE_METHODS = ("zscore", "l2_zscore")
 
 
@@ -86,22 +95,26 @@ def _preprocess(x, job, d, l0, l1, c0, c1, stats, norms):
     return x
 
 
-def gram_tile_task(job: dict, tile: Tile, stats, norms) -> dict:
-    """Compute Gram tile ``(i, j)``, write its chunk, then its marker.
+def gram_tile_task(job: dict, tile: Tile, stats, norms, part: int | None = None) -> dict:
+    """Compute Gram tile ``(i, j)`` (or its feature part ``part``) and store it.
 
     Parameters
     ----------
     job : dict
         ``arrays`` (absolute feature array paths, Gram row order), ``offsets``,
-        ``col_blocks``, ``method``, ``gram_path``, ``tiles_dir``, ``precision``
-        (:data:`~mmdtl2_dist.engine.products.PRECISIONS`) and ``device`` (None: numpy on
-        the CPU; else a torch device, :mod:`mmdtl2_dist.engine.products`).
+        ``col_blocks``, ``parts``, ``method``, ``gram_path``, ``tiles_dir``,
+        ``precision`` (:data:`~mmdtl2_dist.engine.products.PRECISIONS`) and ``device``
+        (None: numpy on the CPU; else a torch device,
+        :mod:`mmdtl2_dist.engine.products`).
     tile : Tile
         The tile; it owns Gram chunk ``(i, j)`` entirely.
     stats : list of (mean, scale) or None
         Per-device z-score statistics.
     norms : ndarray of shape (n,) or None
         Raw row norms (for L2 methods).
+    part : int or None
+        None: the whole tile, written to its Gram chunk. Else the part's feature blocks
+        only, written to the part's file for :func:`gram_combine_task`.
 
     Returns
     -------
@@ -110,10 +123,13 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms) -> dict:
         (:mod:`mmdtl2_dist.engine.timing`).
     """
     timer = PhaseTimer()
+    blocks = job["col_blocks"]
+    if part is not None:
+        blocks = part_blocks(blocks, job["parts"])[part]
     shape = (tile.a1 - tile.a0, tile.b1 - tile.b0)
     product = tile_product(shape, job.get("precision", "float64"), timer, job.get("device"))
     # Fixed block order: the float64 sum has the same bits on any worker, any retry.
-    for c0, c1 in job["col_blocks"]:
+    for c0, c1 in blocks:
         A = _preprocessed_rows(job, tile.a0, tile.a1, c0, c1, stats, norms, product, timer)
         if tile.diagonal:
             product.add(A)  # symmetric product (BLAS syrk): half the flops
@@ -123,7 +139,14 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms) -> dict:
     G = product.result()
     with timer.phase("check"):
         if not np.isfinite(G).all():
-            _raise_for_bad_inputs(job, tile)
+            _raise_for_bad_inputs(job, tile, blocks)
+    if part is None:
+        return _store_tile(job, tile, G, timer, product.device)
+    return _store_part(job, tile, part, G, timer, product.device)
+
+
+def _store_tile(job: dict, tile: Tile, G: np.ndarray, timer: PhaseTimer, device, **extra) -> dict:
+    """Write tile ``G`` to its Gram chunk, then its marker (what a finished tile is)."""
     with timer.phase("write"):
         gram = zarr.open_array(job["gram_path"], mode="r+")
         gram[tile.a0 : tile.a1, tile.b0 : tile.b1] = G
@@ -133,25 +156,122 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms) -> dict:
             "rows_a": [tile.a0, tile.a1],
             "rows_b": [tile.b0, tile.b1],
             "blake2b": tile_digest(G),
+            **extra,
             "attempt": uuid.uuid4().hex,
             "pid": os.getpid(),
             "finished": time.time(),
         }
-    marker["timing"] = timer.record(product.device)
+    marker["timing"] = timer.record(device)
     marker["seconds"] = marker["timing"]["total"]
     write_json_atomic(Path(job["tiles_dir"]) / f"{tile.key}.json", marker)
     return marker
 
 
-def _raise_for_bad_inputs(job: dict, tile: Tile) -> None:
+def part_paths(tiles_dir: str | os.PathLike, tile: Tile, part: int) -> tuple[Path, Path]:
+    """The partial tile's file and its marker: ``tiles/parts/<i>_<j>.<k>.npy``, ``.json``."""
+    stem = Path(tiles_dir) / PARTS_DIR / f"{tile.key}.{part}"
+    return stem.with_name(stem.name + ".npy"), stem.with_name(stem.name + ".json")
+
+
+def _store_part(job: dict, tile: Tile, part: int, G, timer: PhaseTimer, device) -> dict:
+    """Write a partial tile to its file (atomically), then its marker with the file's hash."""
+    data, marker_path = part_paths(job["tiles_dir"], tile, part)
+    with timer.phase("write"):
+        data.parent.mkdir(exist_ok=True)
+        tmp = data.with_name(f".{data.name}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, G, allow_pickle=False)
+        os.replace(tmp, data)
+    with timer.phase("digest"):
+        marker = {
+            "tile": tile.key,
+            "part": part,
+            "blake2b": tile_digest(G),
+            "attempt": uuid.uuid4().hex,
+            "pid": os.getpid(),
+            "finished": time.time(),
+        }
+    marker["timing"] = timer.record(device)
+    marker["seconds"] = marker["timing"]["total"]
+    write_json_atomic(marker_path, marker)
+    return marker
+
+
+class DamagedPartError(RuntimeError):
+    """A partial tile's file is missing or holds other values than its task wrote."""
+
+
+def load_part(tiles_dir: str | os.PathLike, tile: Tile, part: int, marker: dict) -> np.ndarray:
+    """The partial tile ``part`` of ``tile``, checked against the hash in its marker.
+
+    Raises
+    ------
+    DamagedPartError
+        If the file is missing, unreadable, of another shape, or its hash differs.
+    """
+    data, _ = part_paths(tiles_dir, tile, part)
+    shape = (tile.a1 - tile.a0, tile.b1 - tile.b0)
+    try:
+        G = np.load(data, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise DamagedPartError(f"part file {data} cannot be read ({exc})") from None
+    if G.shape != shape or G.dtype != np.float64 or tile_digest(G) != marker.get("blake2b"):
+        raise DamagedPartError(
+            f"part file {data} holds other values than its task wrote (hash in its marker)"
+        )
+    return G
+
+
+def gram_combine_task(job: dict, tile: Tile, *markers: dict) -> dict:
+    """Sum the parts of a split tile in part order; write its chunk and marker as a tile.
+
+    ``markers`` are the parts' markers, in part order (Ray hands over the results of
+    the part tasks it waited for). A part whose file does not match its marker is
+    removed with its marker and named in the error: the next run recomputes it, and no
+    damaged part is ever summed. The part files go once the tile's marker is written;
+    a retry that finds the marker (its worker died after writing it) only tidies up.
+    """
+    done = Path(job["tiles_dir"]) / f"{tile.key}.json"
+    if done.exists():
+        _remove_parts(job["tiles_dir"], tile, len(markers))
+        return json.loads(done.read_text())
+    timer = PhaseTimer()
+    G = None
+    for k, marker in enumerate(markers):
+        with timer.phase("read"):
+            try:
+                P = load_part(job["tiles_dir"], tile, k, marker)
+            except DamagedPartError as exc:
+                _remove_parts(job["tiles_dir"], tile, k + 1, only=k)
+                raise DamagedPartError(
+                    f"Gram tile {tile.key}: {exc}; removed it: run the Gram again to "
+                    "recompute that part."
+                ) from None
+        with timer.phase("product"):
+            G = P if G is None else np.add(G, P, out=G)
+    parts = [m["attempt"] for m in markers]
+    marker = _store_tile(job, tile, G, timer, "numpy", parts=parts)
+    _remove_parts(job["tiles_dir"], tile, len(markers))
+    return marker
+
+
+def _remove_parts(tiles_dir, tile: Tile, parts: int, only: int | None = None) -> None:
+    """Remove the part files and markers of ``tile`` (or of part ``only``)."""
+    for k in range(parts) if only is None else [only]:
+        for path in part_paths(tiles_dir, tile, k):
+            path.unlink(missing_ok=True)
+
+
+def _raise_for_bad_inputs(job: dict, tile: Tile, blocks) -> None:
     """Name the damaged chunks behind a non-finite tile, else say why it overflowed.
 
     A NaN or inf input reaches every entry of its row of the tile: the tile's rows are
-    read again, checked, and a damaged chunk raises its located error.
+    read again over ``blocks`` (the features the tile or part summed), checked, and a
+    damaged chunk raises its located error.
     """
     for start, stop in ((tile.a0, tile.a1), (tile.b0, tile.b1)):
         for d, l0, l1 in row_segments(job["offsets"], start, stop):
-            for c0, c1 in job["col_blocks"]:
+            for c0, c1 in blocks:
                 read_array_block(job["arrays"][d], l0, l1, c0, c1)
     raise FloatingPointError(
         f"Gram tile {tile.key} is not finite although its inputs are: its products "
@@ -162,7 +282,8 @@ def _raise_for_bad_inputs(job: dict, tile: Tile) -> None:
 
 def tile_digest(G: np.ndarray) -> str:
     """Hash of a tile's values, recorded in its marker to verify its chunk later."""
-    return hashlib.blake2b(np.ascontiguousarray(G).tobytes(), digest_size=16).hexdigest()
+    # The array's own bytes (C order), without the copy tobytes() makes.
+    return hashlib.blake2b(np.ascontiguousarray(G).data, digest_size=16).hexdigest()
 
 
 def write_json_atomic(path: Path, content: dict) -> None:

@@ -1,7 +1,8 @@
 """Where a Gram job's time goes: per-tile phase times, aggregated per worker and per job.
 
-Every tile task measures its phases with a :class:`PhaseTimer` and returns them in its
-marker (``marker["timing"]``):
+Every tile task (or part task, or combine task of a split tile) measures its phases
+with a :class:`PhaseTimer` and returns them in its marker (``marker["timing"]``); a
+combine's ``read`` is loading its parts and its ``product`` summing them:
 
 ``setup``
     Importing torch and opening the device, the first time a worker process needs them.

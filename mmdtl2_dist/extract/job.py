@@ -56,6 +56,7 @@ from mmdtl2_dist.store.outputs import FEATURE_STORE, OutputKind, claim_output
 
 JOB_FORMAT = "mmdtl2-extract/1"
 JOB_FILE = "job.json"
+LOCK_FILE = ".lock"
 IMAGES_FILE = "images.parquet"
 SHARDS_DIR = "shards"
 WORK_SUFFIX = ".extracting"
@@ -68,9 +69,14 @@ _JOB_KEYS = ("images", "model", "layers", "weights_sha256", "preprocessing", "sh
 
 
 def _is_work_folder(path: Path) -> bool:
+    """A work folder: its job file, or only the lock of a run killed before writing it."""
     try:
         return json.loads((path / JOB_FILE).read_text()).get("format") == JOB_FORMAT
     except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return {p.name for p in path.iterdir()} == {LOCK_FILE}
+    except OSError:
         return False
 
 
@@ -135,9 +141,25 @@ def _job_spec(table: ImageTable, spec, ex: Extractor, pre: Preprocessing, shard_
     }
 
 
-def _open_work(work: Path, job: dict, table: ImageTable, restart: bool) -> bool:
-    """Create the work folder, or check that the one there is this job's; True if resumed."""
-    if claim_output(work, EXTRACT_WORK, overwrite=None):
+def _open_work(work: Path, job: dict, table: ImageTable, restart: bool) -> tuple[bool, int]:
+    """Claim and lock the work folder, then check its job or write it.
+
+    Returns (resumed, the lock's file descriptor). The lock is taken before the job
+    file is read or written, so a second run for the same store changes nothing.
+    """
+    claim_output(work, EXTRACT_WORK, overwrite=None)  # refuses a folder of other files
+    work.mkdir(parents=True, exist_ok=True)
+    fd = _lock(work)
+    try:
+        return _resume_or_start(work, job, table, restart), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _resume_or_start(work: Path, job: dict, table: ImageTable, restart: bool) -> bool:
+    """True if ``work`` holds this job; else start it there (refused: other inputs)."""
+    if (work / JOB_FILE).exists():
         old = json.loads((work / JOB_FILE).read_text())
         diff = sorted(k for k in _JOB_KEYS if old.get(k) != job[k])
         if not diff:
@@ -160,13 +182,13 @@ def _open_work(work: Path, job: dict, table: ImageTable, restart: bool) -> bool:
 
 
 def _lock(work: Path) -> int:
-    fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(work / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise ValueError(
-            f"another `mmdtl2 extract` is writing this store (it holds {work / '.lock'}); "
+            f"another `mmdtl2 extract` is writing this store (it holds {work / LOCK_FILE}); "
             "wait for it to finish, or choose another output path."
         ) from None
     return fd
@@ -272,8 +294,7 @@ def extract(
     job = _job_spec(table, spec, ex, pre, shard_rows)
     work = work_folder(out)
     work.parent.mkdir(parents=True, exist_ok=True)
-    resumed = _open_work(work, job, table, opt.restart)
-    fd = _lock(work)
+    resumed, fd = _open_work(work, job, table, opt.restart)
     try:
         _clear_temporaries(work / SHARDS_DIR)
         shards = _plan(table, shard_rows, work / SHARDS_DIR)
