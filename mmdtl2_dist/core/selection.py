@@ -296,31 +296,3 @@ def multiclass_hinge(scores: np.ndarray, classes: np.ndarray, y: np.ndarray) -> 
     other = scores.copy()
     other[rows, iy] = -np.inf
     return np.maximum(0.0, 1.0 + other.max(axis=1) - s_y)
-
-
-def confident_pseudo_labels(
-    scores: np.ndarray, classes: np.ndarray, per_class: Mapping
-) -> tuple[np.ndarray, np.ndarray]:
-    """The most confident predictions of each class: ``(rows, labels)``.
-
-    A row's prediction is its highest-scoring class and its confidence the margin of that
-    score over the second highest. For each class ``c`` of ``per_class`` the (at most)
-    ``per_class[c]`` rows predicted as ``c`` with the largest margins are kept (ties to the
-    lower row), so a self-training step adds to each class as many pseudo-labelled samples
-    as asked, never samples predicted as another class. Rows are returned in ascending order.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.ndim != 2 or scores.shape[1] != len(classes) or len(classes) < 2:
-        raise ValueError(
-            f"scores must be (samples, classes) with one column per class of {len(classes)} "
-            f"(at least 2), got shape {scores.shape}; pass the multiclass decision scores."
-        )
-    top2 = np.sort(scores, axis=1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    pred = scores.argmax(axis=1)
-    rows = []
-    for c, k in per_class.items():
-        (cand,) = np.nonzero(pred == np.searchsorted(classes, c))
-        rows.append(cand[np.argsort(-margin[cand], kind="stable")[: int(k)]])
-    rows = np.sort(np.concatenate(rows)) if rows else np.zeros(0, int)
-    return rows, np.asarray(classes)[pred[rows]]
