@@ -247,6 +247,24 @@ def _refuse_missing(missing: list[str]) -> None:
     )
 
 
+def _checked_request(out: Path, table: ImageTable, spec: ModelSpec, opt) -> dict[str, str]:
+    """The space name of each layer, once the request is checked before any work.
+
+    Refused: a batch size below 1, names the store cannot hold, an output path that is
+    not ours to write, missing images (unless ``skip_bad``).
+    """
+    if opt.batch_size < 1:
+        raise ValueError(f"batch size must be positive, got {opt.batch_size}.")
+    spaces = space_names(spec, opt.space)
+    for device in table.devices:
+        check_name("device", device)
+    claim_output(out, FEATURE_STORE, overwrite=opt.overwrite)
+    missing = _missing_files(table)
+    if missing and not opt.skip_bad:
+        _refuse_missing(missing)
+    return spaces
+
+
 def extract(
     out: str | os.PathLike,
     table: ImageTable,
@@ -284,15 +302,7 @@ def extract(
     pre = preprocessing or Preprocessing()
     opt = options or ExtractOptions()
     out = Path(out).expanduser().absolute()
-    if opt.batch_size < 1:
-        raise ValueError(f"batch size must be positive, got {opt.batch_size}.")
-    spaces = space_names(spec, opt.space)
-    for device in table.devices:
-        check_name("device", device)
-    claim_output(out, FEATURE_STORE, overwrite=opt.overwrite)
-    missing = _missing_files(table)
-    if missing and not opt.skip_bad:
-        _refuse_missing(missing)
+    spaces = _checked_request(out, table, spec, opt)
     ex = Extractor(spec, weights, pre)  # fails early on a bad model, layer or weights file
     if not ex.identity.meaningful:
         say(opt.progress, f"extract: weights {ex.identity.name} are random: features mean nothing")
