@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +31,7 @@ from mmdtl2_dist.extract.synthetic import ImageSetSpec, make_image_set  # noqa: 
 from mmdtl2_dist.store.array_writer import ArrayWriter  # noqa: E402
 from mmdtl2_dist.store.feature_store import FeatureStore  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 SMALL = Preprocessing(resize=64, crop=64)
 
 
@@ -127,3 +133,36 @@ def test_an_error_of_the_writer_thread_is_the_jobs_and_leaves_no_store(
     fs = extract(out, table, spec, "random:0", SMALL, opts)
     assert fs.last_run["resumed"] == len(kept) and fs.last_run["computed"] == 10 - len(kept)
     assert fs.shape("scope_a", "conv3") == (6, 384 * 3 * 3) and not work_folder(out).exists()
+
+
+#: Start a command with SIGINT's default action, as a terminal does (a suite launched in
+#: the background ignores SIGINT, and an ignored signal stays ignored across exec).
+SIGINT_DEFAULT_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+@pytest.mark.ray
+def test_ctrl_c_while_the_store_fills_discards_it_and_keeps_the_shards(images, tmp_path):
+    """Ctrl-C (a real SIGINT) of a real extract while its store is being filled: the run
+    itself discards the staged store (nothing is left for the next run to clean up) and
+    keeps its finished shards."""
+    out, shards = tmp_path / "c.zarr", work_folder(tmp_path / "c.zarr") / "shards"
+    cmd = [sys.executable, "-c", SIGINT_DEFAULT_EXEC, sys.executable, "-m", "mmdtl2_dist.cli",
+           "extract", str(images), str(out), "--model", "alexnet:conv3", "--weights",
+           "random:0", "--shard-size", "1", "--batch-size", "1", "--workers", "1",
+           "--no-progress"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(list(shards.glob("*.npz"))) >= 3 and list(tmp_path.glob(".c.zarr.tmp-*")):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err.decode()
+    assert not out.exists() and not list(tmp_path.glob(".c.zarr.*")), err.decode()
+    assert len(list(shards.glob("*.npz"))) >= 3
