@@ -7,7 +7,9 @@ One run, on the same machine and cores:
   run before and after the extract runs, since the load of a shared machine moves;
 - *extract*: :func:`mmdtl2_dist.extract.job.extract` with ``--workers`` 1, then with every
   core (``--max-workers``), on a local Ray: the whole call (Ray start, model loads, shards,
-  the store), and the rate inside the shards (images / worker-seconds x workers);
+  the store), the rate inside the shards (images / worker-seconds x workers), and the
+  seconds spent writing the store, in all and after the last shard finished (the store
+  is filled while the shards run);
 - *memory* (``--memory-images``, e.g. 20000): the peak resident memory of the extract
   process and every process it started (Ray, workers), sampled every 0.2 s, for a small
   and a large image set of the same small images, to show that it does not grow with the
@@ -80,6 +82,8 @@ def run_extract(images: Path, out: Path, spec, pre, workers: int, batch: int) ->
         "wall_s": wall,
         "images_per_s_wall": n / wall,
         "images_per_s_in_shards": n / run["worker_seconds"] * workers,
+        "store_s": run["store_seconds"],
+        "store_after_workers_s": run["store_after_workers_seconds"],
     }
 
 

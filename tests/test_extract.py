@@ -160,8 +160,13 @@ def test_resume_after_sigkill_of_a_real_extract(images, tmp_path):
     proc.stderr.close()
     done = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.npz")}
     assert len(done) >= 3 and not out.exists()
+    # the store was being filled while the shards ran: staged, with its arrays, not in place
+    (staged,) = tmp_path.glob(".k.zarr.tmp-*")
+    assert (staged / "features" / "scope_a" / "conv3" / "zarr.json").is_file()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
+    assert "removed 1 unfinished write(s) of" in res.stderr and not staged.exists()
+    assert not list(tmp_path.glob(".k.zarr.*"))
     assert f"{10 - len(done)} computed, {len(done)} resumed" in res.stdout
     fs = FeatureStore.open(out)
     for device in fs.devices:

@@ -12,10 +12,14 @@ The job (:func:`extract`):
    one thread each; with ``gpus`` one per GPU), each given the driver's model cut after
    the layers once (through Ray's object store), with progress lines (images done,
    images/s);
-4. writes the store from the shard files (memory-mapped, a band in memory at a time), atomically
-   (:class:`~mmdtl2_dist.store.feature_store.StoreWriter`), with the extraction's
-   provenance (model, layers, weights name and SHA-256, preprocessing, versions) in its
-   root attribute, then deletes the work folder.
+4. fills the store from the shard files (memory-mapped, a band in memory at a time),
+   atomically (:class:`~mmdtl2_dist.store.feature_store.StoreWriter`), with the
+   extraction's provenance (model, layers, weights name and SHA-256, preprocessing,
+   versions) in its root attribute, then deletes the work folder. Without ``skip_bad``
+   every image is kept, so the store's arrays are created up front and filled by a
+   background thread while the shards run (:class:`~.store_fill.StreamedStore`); with
+   ``skip_bad`` the rows kept are known only at the end, and the store is written after
+   the shards (:class:`~.store_fill.StoreAfter`). Both give the same bytes.
 
 A job killed at any point is resumed by running the same command again: finished shards
 are kept (a shard file is written atomically), the others are computed. The work folder
@@ -44,13 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from mmdtl2_dist.extract.inputs import ImageTable
 from mmdtl2_dist.extract.model import BadImageError, Extractor, ModelSpec, Preprocessing
-from mmdtl2_dist.extract.shards import feature_file, read_shard, shard_file
+from mmdtl2_dist.extract.shards import feature_file, shard_file
+from mmdtl2_dist.extract.store_fill import StoreAfter, StoreJob, StreamedStore
 from mmdtl2_dist.progress import Progress, say
-from mmdtl2_dist.store.feature_store import FeatureStore, StoreWriter
+from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.layout import check_name
 from mmdtl2_dist.store.outputs import FEATURE_STORE, OutputKind, claim_output
 
@@ -60,7 +64,6 @@ LOCK_FILE = ".lock"
 IMAGES_FILE = "images.parquet"
 SHARDS_DIR = "shards"
 WORK_SUFFIX = ".extracting"
-SKIPPED_FILE = "skipped_images.csv"
 #: A shard holds at most this many bytes of features (and at most MAX_SHARD_ROWS images).
 SHARD_BYTES = 64 << 20
 MAX_SHARD_ROWS = 1024
@@ -207,6 +210,7 @@ def _plan(table: ImageTable, shard_rows: int, folder: Path) -> list[dict]:
                     "rows": part.tolist(),
                     "paths": frame["path"].to_numpy()[part].tolist(),
                     "file": str(shard_file(folder, len(shards))),
+                    "index": len(shards),
                 }
             )
     return shards
@@ -243,6 +247,24 @@ def _refuse_missing(missing: list[str]) -> None:
     )
 
 
+def _checked_request(out: Path, table: ImageTable, spec: ModelSpec, opt) -> dict[str, str]:
+    """The space name of each layer, once the request is checked before any work.
+
+    Refused: a batch size below 1, names the store cannot hold, an output path that is
+    not ours to write, missing images (unless ``skip_bad``).
+    """
+    if opt.batch_size < 1:
+        raise ValueError(f"batch size must be positive, got {opt.batch_size}.")
+    spaces = space_names(spec, opt.space)
+    for device in table.devices:
+        check_name("device", device)
+    claim_output(out, FEATURE_STORE, overwrite=opt.overwrite)
+    missing = _missing_files(table)
+    if missing and not opt.skip_bad:
+        _refuse_missing(missing)
+    return spaces
+
+
 def extract(
     out: str | os.PathLike,
     table: ImageTable,
@@ -273,20 +295,14 @@ def extract(
     -------
     FeatureStore
         The new store; its ``last_run`` attribute says how many shards were computed and
-        how many resumed, the seconds of the run and those the workers spent in shards.
+        how many resumed, the seconds of the run, those the workers spent in shards, those
+        spent writing the store (``store_seconds``) and, of these, those after the last
+        shard finished (``store_after_workers_seconds``).
     """
     pre = preprocessing or Preprocessing()
     opt = options or ExtractOptions()
     out = Path(out).expanduser().absolute()
-    if opt.batch_size < 1:
-        raise ValueError(f"batch size must be positive, got {opt.batch_size}.")
-    spaces = space_names(spec, opt.space)
-    for device in table.devices:
-        check_name("device", device)
-    claim_output(out, FEATURE_STORE, overwrite=opt.overwrite)
-    missing = _missing_files(table)
-    if missing and not opt.skip_bad:
-        _refuse_missing(missing)
+    spaces = _checked_request(out, table, spec, opt)
     ex = Extractor(spec, weights, pre)  # fails early on a bad model, layer or weights file
     if not ex.identity.meaningful:
         say(opt.progress, f"extract: weights {ex.identity.name} are random: features mean nothing")
@@ -306,8 +322,12 @@ def extract(
                 f"{len(shards)} shards already done",
             )
         t0 = time.monotonic()
-        busy = _run_shards(todo, shards, spec, pre, ex, opt) if todo else 0.0
-        fs = _write_store(out, table, shards, spaces, ex, pre, opt)
+        target = StoreJob(
+            out, table, shards, spaces, ex, pre, opt.overwrite, opt.compression, opt.progress
+        )
+        with _store_fill(target, todo, opt) as fill:
+            busy = _run_shards(todo, shards, spec, pre, ex, opt, fill.shard_done) if todo else 0.0
+            fs = fill.finish()
     finally:
         os.close(fd)
     shutil.rmtree(work, ignore_errors=True)
@@ -318,8 +338,18 @@ def extract(
         "seconds": time.monotonic() - t0,
         "images_computed": sum(len(s["rows"]) for s in todo),
         "worker_seconds": busy,
+        "store_seconds": fill.seconds,
+        "store_after_workers_seconds": fill.after_workers_seconds,
     }
     return fs
+
+
+def _store_fill(job: StoreJob, todo: list[dict], opt: ExtractOptions):
+    """The store is filled while the shards run, unless ``skip_bad`` leaves its size open."""
+    if opt.skip_bad:
+        return StoreAfter(job)
+    finished = sorted({s["index"] for s in job.shards} - {s["index"] for s in todo})
+    return StreamedStore(job, finished)
 
 
 def _workers(ray, opt: ExtractOptions, n_todo: int) -> tuple[int, dict, str]:
@@ -337,8 +367,11 @@ def _workers(ray, opt: ExtractOptions, n_todo: int) -> tuple[int, dict, str]:
     return max(1, min(cpus, n_todo)), {"num_cpus": 1}, "cpu"
 
 
-def _run_shards(todo, shards, spec, pre, ex, opt: ExtractOptions) -> float:
-    """Run the shards ``todo`` on Ray actors; return the seconds the workers spent in them."""
+def _run_shards(todo, shards, spec, pre, ex, opt: ExtractOptions, on_done) -> float:
+    """Run the shards ``todo`` on Ray actors; return the seconds the workers spent in them.
+
+    ``on_done(index)`` is called with each shard's index as soon as it is finished.
+    """
     from mmdtl2_dist.engine import ensure_ray
     from mmdtl2_dist.extract.shards import ShardWorker
 
@@ -355,14 +388,17 @@ def _run_shards(todo, shards, spec, pre, ex, opt: ExtractOptions) -> float:
             f"extract: {len(todo)} shard(s) of up to {len(todo[0]['rows'])} images on {n} "
             f"{device.upper()} worker(s)"
         )
-        return _dispatch(ray, actors, todo, opt, bar, before)
+        return _dispatch(ray, actors, todo, opt, bar, before, on_done)
     finally:
         if owned:
             ray.shutdown()
 
 
-def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int) -> float:
+def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int, on_done):
     """Give each idle actor the next shard until all are done; a task's error is raised.
+
+    Each finished shard's index goes to ``on_done``, which must not wait (a write would
+    keep the idle actors waiting for their next shard).
 
     Returns the seconds the actors spent in the shards (decoding, model, writing).
     """
@@ -371,10 +407,11 @@ def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int
     while queue or pending:
         while queue and idle:
             actor, shard = idle.pop(), queue.pop(0)
-            pending[actor.run.remote({**task, **shard})] = actor
+            pending[actor.run.remote({**task, **shard})] = actor, shard["index"]
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=2.0)
         for ref in ready:
-            idle.append(pending.pop(ref))
+            actor, index = pending.pop(ref)
+            idle.append(actor)
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
@@ -385,6 +422,7 @@ def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int
                         "images out (finished shards are kept: the next run resumes)."
                     ) from None
                 raise (cause if isinstance(cause, Exception) else exc) from None
+            on_done(index)
             busy += result["seconds"]
             done = bar.done + result["n"]
             rate = (done - before) / max(bar.elapsed(), 1e-9)
@@ -392,85 +430,3 @@ def _dispatch(ray, actors, todo, opt: ExtractOptions, bar: Progress, before: int
         if not ready:
             bar.update(bar.done)
     return busy
-
-
-def _bad_images(table: ImageTable, shards: list[dict]) -> pd.DataFrame:
-    rows, reasons = [], []
-    for s in shards:
-        rows += read_shard(s["file"], "bad_rows").tolist()
-        reasons += read_shard(s["file"], "bad_reasons").tolist()
-    frame = table.frame.iloc[rows][["path", "device"]].reset_index(drop=True)
-    return frame.assign(reason=reasons)
-
-
-def _write_store(out, table, shards, spaces, ex, pre, opt: ExtractOptions) -> FeatureStore:
-    bad = _bad_images(table, shards)
-    if len(bad) and not opt.skip_bad:  # shards kept from a run with --skip-bad
-        first = bad.iloc[0]
-        raise ValueError(
-            f"{len(bad)} image(s) cannot be read, e.g. {first.path} ({first.reason}); fix "
-            "them, or pass --skip-bad to leave them out."
-        )
-    frame = table.frame
-    with StoreWriter(out, overwrite=opt.overwrite, compression=opt.compression) as w:
-        for device in table.devices:
-            parts = [s for s in shards if s["device"] == device]
-            kept = np.concatenate([read_shard(s["file"], "kept") for s in parts])
-            if kept.size == 0:
-                raise ValueError(
-                    f"none of the {len(table.rows_of(device))} images of device {device!r} "
-                    f"can be read (e.g. {bad[bad.device == device].iloc[0].path}); fix them "
-                    "and run again with --restart."
-                )
-            for layer, space in spaces.items():
-                blocks = (read_shard(s["file"], f"f_{layer}") for s in parts)
-                aw = w.write_array(
-                    device,
-                    space,
-                    blocks,
-                    kept.size,
-                    ex.dims[layer],
-                    dtype=np.float32,
-                    source=f"{table.source} ({device})",
-                )
-                meta = frame.iloc[kept]
-                aw.set_metadata(
-                    label=meta["label"].to_numpy(np.int64),
-                    class_name=meta["class_name"].to_numpy(str),
-                    group=meta["group"].to_numpy(str),
-                    sample_id=meta["sample_id"].to_numpy(str),
-                )
-        w.provenance = {"extraction": provenance(table, ex, pre, spaces, len(bad))}
-        if len(bad):
-            w.add_file(SKIPPED_FILE, bad.to_csv(index=False).encode())
-    if len(bad):
-        say(
-            opt.progress,
-            f"extract: skipped {len(bad)} unreadable image(s), listed in {out / SKIPPED_FILE}",
-        )
-    return FeatureStore.open(out)
-
-
-def provenance(table: ImageTable, ex: Extractor, pre: Preprocessing, spaces, n_bad) -> dict:
-    """What a store's features were extracted from and with."""
-    import torch
-    import torchvision
-
-    return {
-        "model": ex.spec.model,
-        "layers": {
-            layer: {"node": ex.spec.node(layer), "space": space, "n_features": ex.dims[layer]}
-            for layer, space in spaces.items()
-        },
-        "weights": {
-            "name": ex.identity.name,
-            "sha256": ex.identity.sha256,
-            "meaningful": ex.identity.meaningful,
-        },
-        "preprocessing": pre.as_dict(),
-        "images": table.source,
-        "n_images": len(table.frame),
-        "n_skipped": int(n_bad),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-    }
