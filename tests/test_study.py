@@ -641,9 +641,17 @@ def _spec_for(tmp_path, store_kw=None, replace=(), protocol="half"):
 BAD_DATA = [
     pytest.param(
         {},
-        [("samples_per_class = [1, 3]", "samples_per_class = [1, 30]")],
-        r"cam_a->cam_b: split 0: class 1 has only 8 target training samples but 30 per class",
+        [("samples_per_class = [1, 3]", "samples_per_class = [1, 10]")],
+        r"cam_a->cam_b: split 0: class 1 has only 8 target training samples but 10 per class",
         id="samples_per_class",
+    ),
+    pytest.param(
+        {},
+        [("samples_per_class = [1, 3]", "samples_per_class = [1, 30]")],
+        r"cam_a->cam_b: target device 'cam_b' has too few labelled samples: class 1 has 15, "
+        r"class 2 has 15, class 3 has 15; the study asks 30 labelled per class plus 1 to "
+        r"test \(31\)",
+        id="class_counts",
     ),
     pytest.param(
         {},
