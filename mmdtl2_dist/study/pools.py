@@ -82,6 +82,11 @@ def unlabelled_pool(pair, split, labelled: np.ndarray, pool=DEFAULT_POOL) -> np.
     groups = pool_groups(pool)
     if groups is None:
         return seen
+    if pair.target_groups is None:
+        raise ValueError(
+            f"pair {pair.name}: the study plan records no target groups, which the named "
+            "pool needs; delete plan.json and plan.npz from the study folder and resume."
+        )
     named = seen[np.isin(np.asarray(pair.target_groups)[seen], groups)]
     return np.union1d(named, labelled)
 
