@@ -11,7 +11,8 @@ Three protocols (``[splits] protocol`` of a study spec):
   frames of one video, images of one patient) go to one side, so nothing of a group
   straddles train and test. Groups are assigned per majority class to keep the split
   roughly stratified.
-- ``"fixed"`` — split files (for example Hoffman et al.'s), given as index lists.
+- ``"fixed"`` — split files (for example Hoffman et al.'s), given as index lists
+  (positions among the device's labelled samples, :mod:`mmdtl2_dist.study.data`).
 
 Indices are positions within one device's samples (0-based, in the store's row order).
 Splits are drawn over the *labelled* samples of a device (label >= 0) and mapped to device
