@@ -149,8 +149,11 @@ def test_named_pool_holds_the_named_groups_only(tmp_path):
         test_named = split.target_test[in_named[split.target_test]]
         seen = np.isin(test_named, pool)
         assert test_named.size and (seen.all() if mode == "all" else not seen.any())
-    everything = unlabelled_pool(pair, split, labelled, "non-test")
-    np.testing.assert_array_equal(everything, np.union1d(split.target_pool, np.flatnonzero(unl)))
+    non_test = np.union1d(split.target_pool, np.flatnonzero(unl))
+    np.testing.assert_array_equal(unlabelled_pool(pair, split, labelled, "non-test"), non_test)
+    every = np.union1d(non_test, split.target_test)
+    np.testing.assert_array_equal(unlabelled_pool(pair, split, labelled, "all"), every)
+    np.testing.assert_array_equal(unlabelled_pool(pair, split, labelled, "none"), np.sort(labelled))
 
 
 def test_spec_named_pool_reaches_the_trials_and_its_errors_name_the_fix():
