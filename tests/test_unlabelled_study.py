@@ -353,3 +353,21 @@ def test_study_on_a_mostly_unlabelled_target_device_runs_and_records_its_pools(
         "groups": ["cam_b-g2", "session_1"],
         "mode": "non-test",
     }
+
+
+def test_split_file_indices_count_the_labelled_samples_only(tmp_path, capsys):
+    """A split file indexes the labelled samples: an index past them is refused, naming
+    their number, even where the device has that many samples with the unlabelled ones."""
+    from mmdtl2_dist.cli import main
+
+    make_store(tmp_path / "b.zarr", unlabelled=(0, 40))
+    entry = {
+        "source_train": list(range(30)),
+        "target_train": list(range(40)),
+        "target_test": [44, 45],
+    }
+    (tmp_path / "splits.json").write_text(json.dumps({"pairs": {"cam_a->cam_b": [entry] * 3}}))
+    spec = write_spec(tmp_path / "s", "../b.zarr", "fixed", 'file = "../splits.json"')
+    assert main(["study", "validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "target_test indices must be 0-based positions among the device's 45 labelled" in err

@@ -296,7 +296,7 @@ def fixed_splits(
     pair : (str, str)
         Source and target device names.
     n_source, n_target : int
-        Number of samples of each device (to check the indices).
+        Number of labelled samples of each device (to check the indices).
 
     Returns
     -------
@@ -318,7 +318,8 @@ def fixed_splits(
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 raise ValueError(
                     f"split {i} of {pair[0]}->{pair[1]}: {name} indices must be 0-based "
-                    f"positions below {n}, got range [{idx.min()}, {idx.max()}]."
+                    f"positions among the device's {n} labelled samples (below {n}), got "
+                    f"range [{idx.min()}, {idx.max()}]."
                 )
         if np.intersect1d(t, q).size:
             raise ValueError(
