@@ -4,6 +4,10 @@
     python benchmarks/bench_rule_dev.py --rules benchmarks/results/rule_dev.json   # score rules
     python benchmarks/bench_rule_dev.py --data DIR --splits 20 --frozen            # frozen rule
     python benchmarks/bench_rule_dev.py --data DIR --datasets surf --splits 20 --set fresh --frozen
+    python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants           # extensions
+    python benchmarks/bench_rule_dev.py --data DIR --datasets surf --labels 3 --splits 20 \
+        --set fresh2 --variants                                                     # confirmation
+    python benchmarks/bench_rule_dev.py --variant-tables benchmarks/results/rule_dev_variants.json
 
 Two phases in one script, so the rule is judged on the same records it was chosen from:
 
@@ -22,8 +26,9 @@ Two phases in one script, so the rule is judged on the same records it was chose
 
 Split sets: ``dev`` (seed 2027, the development set of ``benchmarks/bench_selection.py``,
 extended to other label budgets: the same source rows, ``n`` labelled target rows per
-class drawn by the same generator) and ``fresh`` (seed 2026, kept for the confirmation of
-the frozen rule). Hoffman's 20 fixed splits are never read here. Datasets and the
+class drawn by the same generator), ``fresh`` (seed 2026, kept for the confirmation of
+the frozen rule) and ``fresh2`` (seed 2029, for the confirmation of its extensions).
+Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
 budget when a target class has no more than ``n`` samples (dslr has 8 in one class, so
@@ -40,7 +45,10 @@ per-budget summary of every rule to ``rule_<set>_rules.md``; ``--frozen`` runs t
 rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data") as the product
 runs it (``select="auto"``, :func:`mmdtl2_dist.core.auto.fit_predict_auto`) into
 ``rule_<set>_frozen.json`` and its per-shift tables, picks and cost into
-``rule_<set>_frozen.md``.
+``rule_<set>_frozen.md``; ``--variants`` runs the frozen rule and its self-training and
+ensemble extensions (:func:`collect_variants`; BENCHMARKS.md, "Two extensions of the
+frozen rule, studied on dev data") on the same splits into ``rule_<set>_variants.json``
+and ``.md`` (``--variant-tables`` rewrites the ``.md`` from the ``.json``).
 """
 
 from __future__ import annotations
@@ -49,20 +57,37 @@ import argparse
 import json
 import platform
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 from bench_priors_dev import DATASETS, prior_maps, shift_grams
-from bench_selection import SEEDS
+from bench_selection import SEEDS as SELECTION_SEEDS
 from threadpoolctl import threadpool_limits
 
-from mmdtl2_dist.core.auto import ALTERNATIVES, DEFAULT, NO_FOLDS, fit_predict_auto
+from mmdtl2_dist.core.auto import (
+    ALTERNATIVES,
+    DEFAULT,
+    NO_FOLDS,
+    candidate_problem,
+    fit_predict_auto,
+    pca_dim,
+    rule_params,
+)
 from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.priors import SamplePool
-from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
+from mmdtl2_dist.core.selection import (
+    canonical_order,
+    cv_folds,
+    multiclass_hinge,
+    sub_problem,
+)
 from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
+# ``fresh2`` (seed 2029) confirms the variants of the frozen rule (``--variants``); ``fresh``
+# confirmed the frozen rule itself.
+SEEDS = {**SELECTION_SEEDS, "fresh2": 2029}
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
 # (label, fixed parameters, transductive prior or None, d in units of the class count C)
@@ -78,6 +103,34 @@ CANDIDATES = (
 LABELS = [c[0] for c in CANDIDATES]
 MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fits at most
 KNN = 5
+
+
+def confident_pseudo_labels(
+    scores: np.ndarray, classes: np.ndarray, per_class: Mapping
+) -> tuple[np.ndarray, np.ndarray]:
+    """The most confident predictions of each class: ``(rows, labels)``.
+
+    A row's prediction is its highest-scoring class and its confidence the margin of that
+    score over the second highest. For each class ``c`` of ``per_class`` the (at most)
+    ``per_class[c]`` rows predicted as ``c`` with the largest margins are kept (ties to the
+    lower row), so a self-training step adds to each class as many pseudo-labelled samples
+    as asked, never samples predicted as another class. Rows are returned in ascending order.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 2 or scores.shape[1] != len(classes) or len(classes) < 2:
+        raise ValueError(
+            f"scores must be (samples, classes) with one column per class of {len(classes)} "
+            f"(at least 2), got shape {scores.shape}; pass the multiclass decision scores."
+        )
+    top2 = np.sort(scores, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    pred = scores.argmax(axis=1)
+    rows = []
+    for c, k in per_class.items():
+        (cand,) = np.nonzero(pred == np.searchsorted(classes, c))
+        rows.append(cand[np.argsort(-margin[cand], kind="stable")[: int(k)]])
+    rows = np.sort(np.concatenate(rows)) if rows else np.zeros(0, int)
+    return rows, np.asarray(classes)[pred[rows]]
 
 
 def split_rows(ys_all, yt_all, source, target, k, seed, n_lab):
@@ -349,6 +402,139 @@ def collect_frozen(job, data_dir, seed):
     return rec
 
 
+# Two extensions of the frozen rule (BENCHMARKS.md, "Two extensions of the frozen rule,
+# studied on dev data"), each the frozen rule plus one change, constants fixed before the run.
+VARIANTS = ("frozen rule", "ST", "ST2", "ENS", "ENS+ST")
+ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targets
+
+
+def with_pseudo_labels(pool: SamplePool, yt, rows, labels):
+    """The pool with the scored rows ``rows`` (positions in ``target_test``) added to the
+    labelled targets with ``labels``; every scored row is still scored."""
+    q = pool.target_test
+    grown = np.r_[pool.target_train, q[rows]]
+    return SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train, grown, q), np.r_[yt, labels]
+
+
+def refit(cand: str, pool: SamplePool, ys, yt, pmap):
+    """Candidate ``cand`` of the frozen rule fitted on the pool's labelled targets, with
+    its shared-PCA map ``pmap`` (None for the identity-prior candidates)."""
+    prob = pool.problem(ys, yt, None if pmap is None else pmap.blocks(pool))
+    return fit_predict("mmdtl2", rule_params(cand, None), prob)
+
+
+def pseudo_labelled(pool: SamplePool, ys, yt, scores, classes, times: int):
+    """Self-training's labelled set: per class, ``times`` × its labelled target count of
+    the scored rows predicted as that class with the largest margins."""
+    per_class = {c: times * n for c, n in zip(*np.unique(yt, return_counts=True), strict=True)}
+    rows, labels = confident_pseudo_labels(scores, classes, per_class)
+    return (*with_pseudo_labels(pool, yt, rows, labels), rows, labels)
+
+
+def averaged(results):
+    """The ensemble of fits: their raw decision scores averaged, its predictions."""
+    scores = np.mean([r.scores for r in results], axis=0)
+    return scores, results[0].classes[scores.argmax(axis=1)]
+
+
+def collect_variants(job, data_dir, seed):
+    """The frozen rule (run by the product) and its variants on one split.
+
+    - **ST** / **ST2**: the frozen rule's pick refitted with the pseudo-labelled scored
+      targets added (1× / 2× each class's labelled count, largest margins of the pick's
+      final scores); one fit more than the frozen rule.
+    - **ENS**: D, T and S refitted on all labelled targets, raw scores averaged (3 fits);
+      the frozen rule's F when a class has fewer than 2 labelled targets.
+    - **ENS+ST**: pseudo-labels (1×) from the ensemble's scores, then D, T, S refitted
+      with them and averaged (6 fits); ST when a class has fewer than 2.
+
+    The test labels are read only for the accuracies and the pseudo-labels' precision
+    (a diagnostic), never by a variant.
+    """
+    dataset, source, target, k, n_lab = job
+    Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
+    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
+    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    base = pool.problem(ys_all[src], yt_all[lab])
+    ys, yt, yq = base.ys, base.yt, yt_all[test]
+    rec = {"ref": {}, "acc": {}, "cost": {}, "pseudo_precision": {}, "wall_s": {}}
+    for m in ("source_svm", "target_svm"):
+        rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
+    t0 = time.perf_counter()
+    res, choice = fit_predict_auto(pool, ys, yt)
+    rec["wall_s"]["frozen rule"] = time.perf_counter() - t0
+    cost = res.info["n_fits"]
+    rec.update(pick=CANDIDATES_AUTO[choice.pick].label, auto=choice.record())
+    rec["acc"]["frozen rule"], rec["cost"]["frozen rule"] = float(np.mean(res.y_pred == yq)), cost
+    for name, times in (("ST", 1), ("ST2", 2)):
+        t0 = time.perf_counter()
+        grown, yt2, rows, labels = pseudo_labelled(pool, ys, yt, res.scores, res.classes, times)
+        r = refit(choice.pick, grown, ys, yt2, choice.prior_map)
+        rec["wall_s"][name] = time.perf_counter() - t0
+        rec["acc"][name], rec["cost"][name] = float(np.mean(r.y_pred == yq)), cost + 1
+        rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
+    if choice.n_folds == 0:
+        for name, same in (("ENS", "frozen rule"), ("ENS+ST", "ST")):
+            rec["acc"][name], rec["cost"][name] = rec["acc"][same], rec["cost"][same]
+        return rec
+    t0 = time.perf_counter()
+    n_classes, learn = len(np.unique(np.r_[ys, yt])), np.ones(pool.Kyy.shape[0], bool)
+    maps = {
+        c: choice.prior_map if c == choice.pick else
+        candidate_problem(pool, base, pca_dim(c, n_classes, len(learn)), learn)[1]
+        for c in ENSEMBLE
+    }  # fmt: skip
+    fits = [res if c == choice.pick else refit(c, pool, ys, yt, maps[c]) for c in ENSEMBLE]
+    scores, pred = averaged(fits)
+    rec["wall_s"]["ENS"] = time.perf_counter() - t0
+    rec["acc"]["ENS"], rec["cost"]["ENS"] = float(np.mean(pred == yq)), len(ENSEMBLE)
+    t0 = time.perf_counter()
+    grown, yt2, rows, labels = pseudo_labelled(pool, ys, yt, scores, res.classes, 1)
+    _, pred = averaged([refit(c, grown, ys, yt2, maps[c]) for c in ENSEMBLE])
+    rec["wall_s"]["ENS+ST"] = rec["wall_s"]["ENS"] + time.perf_counter() - t0
+    rec["acc"]["ENS+ST"], rec["cost"]["ENS+ST"] = float(np.mean(pred == yq)), 2 * len(ENSEMBLE)
+    rec["pseudo_precision"]["ENS+ST"] = float(np.mean(labels == yq[rows]))
+    return rec
+
+
+# Defined after the 20-split dev table (post hoc, no fit of its own): ST where the rule
+# validated its pick (n ≥ 2 labelled targets per class), the frozen rule's F alone where
+# it could not (ST lost 2 more shifts than F at 1 label per class on dev).
+POST_HOC = "ST where validated"
+
+
+def st_where_validated(rec) -> tuple[float, int]:
+    """The post-hoc variant's accuracy and cost on a record of :func:`collect_variants`."""
+    same = "ST" if rec["auto"]["n_folds"] else "frozen rule"
+    return rec["acc"][same], rec["cost"][same]
+
+
+def write_variant_tables(records, meta, path: Path) -> None:
+    """The frozen rule and its variants on the same splits (and the post-hoc variant,
+    derived from the same records): per-budget tables, summary, pseudo-label precision."""
+    for rec in records:
+        rec["acc"][POST_HOC], rec["cost"][POST_HOC] = st_where_validated(rec)
+    rules = {v: (lambda rec, v=v: (v, rec["cost"][v])) for v in (*VARIANTS, POST_HOC)}
+    table = rule_table(records, rules)
+    prec: dict = {}
+    for r in records:
+        for v, p in r["pseudo_precision"].items():
+            prec.setdefault(r["job"][4], {}).setdefault(v, []).append(p)
+    prec_text = "; ".join(
+        f"{n} per class: " + ", ".join(f"{v} {100 * np.mean(p):.1f} %" for v, p in d.items())
+        for n, d in sorted(prec.items())
+    )
+    text = (
+        f"# `{meta['command']}` ({meta['split_set']}; mean ± standard error over splits, %)\n"
+        + format_rule_tables(table, rules)
+        + "\n\n"
+        + compact_summary(table, rules)
+        + f"\n\nPrecision of the pseudo-labels (mean over splits): {prec_text}\n"
+    )
+    print(text)
+    path.write_text(text)
+
+
 def jobs_for(datasets, data_dir, labels, splits):
     """(dataset, source, target, split, n_lab) of every split, skipping infeasible budgets."""
     out = []
@@ -394,7 +580,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
     ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
+    ap.add_argument(
+        "--variants", action="store_true", help="the frozen rule and its ST/ENS variants"
+    )
+    ap.add_argument("--variant-tables", type=Path, default=None, help="tables of a --variants run")
     args = ap.parse_args()
+    if args.variant_tables is not None:
+        saved = json.loads(args.variant_tables.read_text())
+        write_variant_tables(
+            saved["records"], saved["meta"], args.variant_tables.with_suffix(".md")
+        )
+        return
     if args.rules is not None:
         records = json.loads(args.rules.read_text())["records"]
         rules = {**explore_rules(), "frozen rule": frozen_pick}
@@ -405,9 +601,9 @@ def main() -> None:
         return
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     data_dir = None if args.data is None else str(args.data.resolve())
-    name = f"rule_{args.set}" + ("_frozen" if args.frozen else "")
-    args.out = args.out or Path(__file__).parent / "results" / f"{name}.json"
-    run = collect_frozen if args.frozen else collect
+    suffix = "_variants" if args.variants else "_frozen" if args.frozen else ""
+    args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}{suffix}.json"
+    run = collect_variants if args.variants else collect_frozen if args.frozen else collect
     jobs = jobs_for(datasets, data_dir, args.labels, args.splits)
     t0 = time.perf_counter()
     records = []
@@ -425,7 +621,8 @@ def main() -> None:
         "command": "python benchmarks/bench_rule_dev.py --data DIR --datasets "
         + " ".join(datasets)
         + f" --labels {' '.join(map(str, args.labels))} --splits {args.splits} --set {args.set}"
-        + (" --frozen" if args.frozen else ""),
+        + (" --frozen" if args.frozen else "")
+        + (" --variants" if args.variants else ""),
         "datasets": datasets,
         "labels": args.labels,
         "splits": args.splits,
@@ -435,7 +632,9 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "records": records}, ensure_ascii=False))
-    if args.frozen:
+    if args.variants:
+        write_variant_tables(records, meta, args.out.with_suffix(".md"))
+    elif args.frozen:
         write_frozen_tables(records, meta, args.out.with_suffix(".md"))
     print(f"{len(jobs)} splits, {meta['wall_s']:.0f} s -> {args.out}")
 
