@@ -248,10 +248,10 @@ def test_group_protocol_plan_and_errors(tmp_path, ray_local):
     for sp in plan.pairs[0].splits:
         assert not set(g[sp.target_pool]) & set(g[sp.target_test])
     # Too many labelled samples per class for the training half: a clear error.
-    raw = dict(spec.raw, splits={**spec.raw["splits"], "samples_per_class": [1, 30]})
+    raw = dict(spec.raw, splits={**spec.raw["splits"], "samples_per_class": [1, 10]})
     big = parse_spec(raw, spec.path, output=tmp_path / "g")
     with pytest.raises(
-        ValueError, match="class 1 has only 7 target training samples but 30 per class"
+        ValueError, match="class 1 has only 7 target training samples but 10 per class"
     ):
         build_plan(big, store, split_file, grams)
     raw = dict(spec.raw, data={**spec.raw["data"], "pairs": [["cam_a", "cam_z"]]})
@@ -641,9 +641,17 @@ def _spec_for(tmp_path, store_kw=None, replace=(), protocol="half"):
 BAD_DATA = [
     pytest.param(
         {},
-        [("samples_per_class = [1, 3]", "samples_per_class = [1, 30]")],
-        r"cam_a->cam_b: split 0: class 1 has only 8 target training samples but 30 per class",
+        [("samples_per_class = [1, 3]", "samples_per_class = [1, 10]")],
+        r"cam_a->cam_b: split 0: class 1 has only 8 target training samples but 10 per class",
         id="samples_per_class",
+    ),
+    pytest.param(
+        {},
+        [("samples_per_class = [1, 3]", "samples_per_class = [1, 30]")],
+        r"cam_a->cam_b: target device 'cam_b' has too few labelled samples: class 1 has 15, "
+        r"class 2 has 15, class 3 has 15; the study asks 30 labelled per class plus 1 to "
+        r"test \(31\)",
+        id="class_counts",
     ),
     pytest.param(
         {},
@@ -667,7 +675,8 @@ BAD_DATA = [
     pytest.param(
         {"n": (60, 3)},
         [("n_splits = 4", "n_splits = 4\ntrain_fraction = 0.6"), ("[1, 3]", "[1]")],
-        r"cam_a->cam_b: split 0 has no target test sample",
+        r"cam_a->cam_b: target device 'cam_b' has too few labelled samples: class 1 has 1, "
+        r"class 2 has 1, class 3 has 1; the study asks 1 labelled per class plus 1 to test",
         id="empty_test",
     ),
 ]

@@ -6,7 +6,9 @@ Split file format (``[splits] protocol = "fixed"``, ``file = "splits.json"``)::
         {"source_train": [0, 5, ...], "target_train": [...], "target_test": [...]},
         ...]}}
 
-Indices are 0-based positions within each device's samples (the store's row order).
+Indices are 0-based positions within each device's *labelled* samples (the store's row
+order, the samples labelled -1 skipped): the positions in a store of labelled samples
+only, so a split file stays valid when unlabelled samples are added to the store.
 """
 
 from __future__ import annotations

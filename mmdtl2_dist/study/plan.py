@@ -6,17 +6,21 @@ so its files are read as data only: nothing in it is unpickled.
 
 - ``plan.json``: ``format`` (``"mmdtl2-study-plan"``), ``version``, the spec and data
   fingerprints, the seed, ``arrays_sha256`` (the digest of ``plan.npz``) and one entry
-  per pair: names, devices, spaces, store and Gram paths, ``shared``, and the indices of
-  its splits.
+  per pair: names, devices, spaces, store and Gram paths, ``shared``, the indices of
+  its splits and ``target_group_names`` (the target device's groups, for named pools).
 - ``plan.npz``: int64 vectors named ``pair<i>.<field>`` (``source_rows``,
   ``target_rows``, ``target_rows_in_source`` when the pair shares a space, ``y_source``,
-  ``y_target``) and ``pair<i>.split<j>.<field>`` (``source_train``, ``target_pool``,
-  ``target_test``, ``target_order``), read with ``allow_pickle=False``.
+  ``y_target`` (-1: unlabelled), ``target_group`` (each target sample's index into
+  ``target_group_names``)) and ``pair<i>.split<j>.<field>`` (``source_train``,
+  ``target_pool``, ``target_test``, ``target_order``, ``target_unlabelled``), read with
+  ``allow_pickle=False``. A plan without the group arrays or ``target_unlabelled`` reads
+  as a plan of a store whose samples are all labelled and whose groups are unknown.
 
-:func:`load_plan` checks every type, shape and index range and raises :class:`PlanError`
-naming the file and what is wrong. The plan is a deterministic function of the spec (its
-seed) and the data, so the fix is always the same: delete both files and let the next
-``mmdtl2 study resume`` draw it again.
+:func:`load_plan` checks every type, shape and index range, and that no unlabelled
+sample is a training or test sample (an unlabelled one has no class to keep or score),
+and raises :class:`PlanError` naming the file and what is wrong. The plan is a
+deterministic function of the spec (its seed) and the data, so the fix is always the
+same: delete both files and let the next ``mmdtl2 study resume`` draw it again.
 """
 
 from __future__ import annotations
@@ -48,14 +52,22 @@ _PAIR_STRINGS = (
     "target_space",
 )
 _PAIR_ARRAYS = ("source_rows", "target_rows", "target_rows_in_source", "y_source", "y_target")
-_SPLIT_ARRAYS = ("source_train", "target_pool", "target_test", "target_order")
+_SPLIT_ARRAYS = (
+    "source_train",
+    "target_pool",
+    "target_test",
+    "target_order",
+    "target_unlabelled",
+)
 
 
 @dataclass(frozen=True)
 class PairPlan:
     """Everything a trial needs about one (source, target) device pair.
 
-    ``*_rows`` map device positions (0..n_device-1) to Gram rows.
+    ``*_rows`` map device positions (0..n_device-1) to Gram rows; ``y_*`` are labels
+    (-1: unlabelled); ``target_groups`` the target samples' groups (``None`` when a plan
+    does not record them).
     """
 
     name: str
@@ -73,6 +85,7 @@ class PairPlan:
     store: str
     source_space: str
     target_space: str
+    target_groups: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,10 @@ def save_plan(plan: StudyPlan, path: str | Path) -> None:
             for f in _SPLIT_ARRAYS:
                 arrays[f"pair{i}.split{j}.{f}"] = np.asarray(getattr(s, f), dtype=np.int64)
         entry = {f: getattr(p, f) for f in _PAIR_STRINGS}
+        if p.target_groups is not None:
+            names, codes = np.unique(np.asarray(p.target_groups, dtype=str), return_inverse=True)
+            arrays[f"pair{i}.target_group"] = codes.astype(np.int64)
+            entry["target_group_names"] = names.tolist()
         entry["shared"] = bool(p.shared)
         entry["splits"] = [int(s.index) for s in p.splits]
         pairs.append(entry)
@@ -181,7 +198,9 @@ def _read_arrays(path: Path, digest: str) -> dict[str, np.ndarray]:
         raise plan_error(path, f"{npz.name} is not a pickle-free npz of arrays ({exc})") from None
 
 
-def _vector(path: Path, arrays: dict, key: str, bound: int | None = None) -> np.ndarray:
+def _vector(
+    path: Path, arrays: dict, key: str, bound: int | None = None, low: int = 0
+) -> np.ndarray:
     a = arrays.get(key)
     if a is None:
         raise plan_error(path, f"array {key!r} is missing")
@@ -189,20 +208,46 @@ def _vector(path: Path, arrays: dict, key: str, bound: int | None = None) -> np.
         got = f"{a.dtype} {a.shape}"
         raise plan_error(path, f"array {key!r} must be a 1-D integer vector, got {got}")
     a = a.astype(np.int64)
-    if a.size and (a.min() < 0 or (bound is not None and a.max() >= bound)):
-        limit = f"[0, {bound})" if bound is not None else ">= 0"
+    if a.size and (a.min() < low or (bound is not None and a.max() >= bound)):
+        limit = f"[{low}, {bound})" if bound is not None else f">= {low}"
         raise plan_error(path, f"array {key!r} holds values outside {limit}")
     return a
 
 
-def _read_split(path: Path, arrays: dict, key: str, index: int, n_s: int, n_t: int) -> Split:
+def _read_split(path: Path, arrays: dict, key: str, index: int, ys, yt) -> Split:
+    n_s, n_t = ys.size, yt.size
     s = _vector(path, arrays, f"{key}.source_train", n_s)
     pool = _vector(path, arrays, f"{key}.target_pool", n_t)
     test = _vector(path, arrays, f"{key}.target_test", n_t)
     order = _vector(path, arrays, f"{key}.target_order", n_t)
+    unl = np.zeros(0, dtype=np.int64)
+    if f"{key}.target_unlabelled" in arrays:
+        unl = _vector(path, arrays, f"{key}.target_unlabelled", n_t)
     if not np.array_equal(np.sort(order), np.sort(pool)):
         raise plan_error(path, f"{key}.target_order is not an order of {key}.target_pool")
-    return Split(index, s, pool, test, order)
+    for name, idx, y in (
+        ("source_train", s, ys),
+        ("target_pool", pool, yt),
+        ("target_test", test, yt),
+    ):
+        if (y[idx] < 0).any():
+            raise plan_error(path, f"{key}.{name} holds unlabelled samples (label -1)")
+    if (yt[unl] >= 0).any():
+        raise plan_error(path, f"{key}.target_unlabelled holds labelled samples")
+    return Split(index, s, pool, test, order, unl)
+
+
+def _read_groups(path: Path, arrays: dict, key: str, entry: dict, n_t: int) -> np.ndarray | None:
+    """The target samples' groups of a pair, or ``None`` if the plan does not record them."""
+    if "target_group_names" not in entry:
+        return None
+    names = _typed(path, entry, "target_group_names", list, f"{key}: ")
+    if not all(isinstance(n, str) for n in names):
+        raise plan_error(path, f"{key}: 'target_group_names' must be a list of strings")
+    codes = _vector(path, arrays, f"{key}.target_group", len(names))
+    if codes.size != n_t:
+        raise plan_error(path, f"{key}.target_group and target_rows differ in length")
+    return np.asarray(names, dtype=str)[codes] if names else np.zeros(0, dtype=str)
 
 
 def _read_pair(path: Path, arrays: dict, i: int, entry) -> PairPlan:
@@ -215,7 +260,8 @@ def _read_pair(path: Path, arrays: dict, i: int, entry) -> PairPlan:
     key = f"pair{i}"
     src_rows = _vector(path, arrays, f"{key}.source_rows")
     tgt_rows = _vector(path, arrays, f"{key}.target_rows")
-    ys, yt = _vector(path, arrays, f"{key}.y_source"), _vector(path, arrays, f"{key}.y_target")
+    ys = _vector(path, arrays, f"{key}.y_source", low=-1)
+    yt = _vector(path, arrays, f"{key}.y_target", low=-1)
     if ys.size != src_rows.size or yt.size != tgt_rows.size:
         raise plan_error(path, f"{where}labels and Gram rows differ in length")
     in_src = None
@@ -227,7 +273,7 @@ def _read_pair(path: Path, arrays: dict, i: int, entry) -> PairPlan:
     for j, index in enumerate(indices):
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise plan_error(path, f"{where}split index {index!r} is not an integer >= 0")
-        splits.append(_read_split(path, arrays, f"{key}.split{j}", index, ys.size, yt.size))
+        splits.append(_read_split(path, arrays, f"{key}.split{j}", index, ys, yt))
     return PairPlan(
         shared=shared,
         source_rows=src_rows,
@@ -236,6 +282,7 @@ def _read_pair(path: Path, arrays: dict, i: int, entry) -> PairPlan:
         y_source=ys,
         y_target=yt,
         splits=splits,
+        target_groups=_read_groups(path, arrays, key, entry, yt.size),
         **text,
     )
 

@@ -31,6 +31,7 @@ from mmdtl2_dist.study.plan import (
     plan_error,
     save_plan,
 )
+from mmdtl2_dist.study.pools import check_pool_groups
 from mmdtl2_dist.study.spec import StudySpec
 from mmdtl2_dist.study.splits import (
     Split,
@@ -38,6 +39,7 @@ from mmdtl2_dist.study.splits import (
     draw_splits,
     fixed_splits,
     labelled_subset,
+    on_device,
 )
 
 
@@ -131,23 +133,36 @@ def gram_provenance(grams: dict[str, str]) -> dict[str, dict]:
 
 @dataclass(frozen=True)
 class PairSplits:
-    """The splits of one device pair, drawn from the store's metadata alone."""
+    """The splits of one device pair, drawn from the store's metadata alone.
+
+    ``y_*`` are every sample's labels (-1: unlabelled), ``target_groups`` the target
+    samples' groups (named pools), ``n_unlabelled_source`` the source samples left out of
+    training for want of a label.
+    """
 
     source: str
     target: str
     y_source: np.ndarray
     y_target: np.ndarray
     splits: list[Split]
+    target_groups: np.ndarray
+    n_unlabelled_source: int = 0
+
+
+def _check_labelled(name: str, devices: tuple[str, str], ys: np.ndarray, yt: np.ndarray) -> None:
+    """Each device of a pair has labelled samples to train (and the target to test) on."""
+    for side, dev, y in zip(("source", "target"), devices, (ys, yt), strict=True):
+        if not (y >= 0).any():
+            raise ValueError(
+                f"{name}: {side} device {dev!r} has no labelled sample ({y.size} samples, all "
+                "labelled -1); a study trains and tests on labelled samples. Label some of "
+                "them (the label column of the extract manifest) or leave the pair out of "
+                "[data] pairs."
+            )
 
 
 def _check_classes(name: str, devices: tuple[str, str], ys: np.ndarray, yt: np.ndarray) -> None:
-    """Every sample labelled, and the same classes on both devices of a pair."""
-    for dev, y in zip(devices, (ys, yt), strict=True):
-        if (y < 0).any():
-            raise ValueError(
-                f"device {dev!r} has unlabelled samples (label -1); a study "
-                "needs labels for every sample of its devices."
-            )
+    """The same classes among the labelled samples of both devices of a pair."""
     s, t = devices
     lacks = [
         f"classes {sorted(set(a.tolist()) - set(b.tolist()))} of {da!r} have no {db!r} sample"
@@ -159,6 +174,28 @@ def _check_classes(name: str, devices: tuple[str, str], ys: np.ndarray, yt: np.n
             f"{name}: both devices must have the same classes, but " + "; ".join(lacks) + ". "
             "Give both devices the same class labels at ingest, or leave the pair out of "
             "[data] pairs."
+        )
+
+
+def _check_class_counts(spec: StudySpec, name: str, device: str, yt: np.ndarray) -> None:
+    """Each target class has the labelled samples the study asks: ``n`` to train, 1 to test.
+
+    Split files choose their test samples themselves, so protocol ``"fixed"`` asks ``n``.
+    """
+    n = max(spec.samples_per_class)
+    need = n if spec.protocol == "fixed" else n + 1
+    labels, counts = np.unique(yt, return_counts=True)
+    short = [
+        f"class {k} has {c}"
+        for k, c in zip(labels.tolist(), counts.tolist(), strict=True)
+        if c < need
+    ]
+    if short:
+        asks = f"{n} labelled per class" + ("" if need == n else " plus 1 to test")
+        raise ValueError(
+            f"{name}: target device {device!r} has too few labelled samples: "
+            f"{', '.join(short)}; the study asks {asks} ({need}). Label more samples of "
+            f"those classes on {device!r} or lower samples_per_class."
         )
 
 
@@ -237,25 +274,68 @@ def pair_splits(spec: StudySpec, fs, split_file: Path | None) -> list[PairSplits
     Raises
     ------
     ValueError
-        Naming the pair, split and class, and the fix: an unknown space or device, an
-        unlabelled sample, a class on one device only, too few splits in the split file,
-        an empty group column, a split with no source training or no target test sample,
-        a class with fewer target training samples than the largest
-        ``samples_per_class``.
+        Naming the pair, split and class, and the fix: an unknown space or device, a
+        device without labelled samples, a class on one device only, a target class with
+        fewer labelled samples than the largest ``samples_per_class`` plus one to test,
+        too few splits in the split file, an empty group column, a split with no source
+        training or no target test sample, a class with fewer target training samples
+        than the largest ``samples_per_class``, a named unlabelled pool whose groups the
+        target devices lack.
+
+    Samples labelled -1 are unlabelled: the splits are drawn over the labelled samples
+    (:func:`~mmdtl2_dist.study.splits.on_device`), the unlabelled target samples join
+    the pools of :mod:`mmdtl2_dist.study.pools`, the unlabelled source samples are left
+    out (:func:`unlabelled_notes`).
     """
     meta = fs.metadata
     out = []
     for s, t in resolve_pairs(spec, fs):
         ms = meta[(meta.device == s) & (meta.space == spec.source_space)].sort_values("row")
         mt = meta[(meta.device == t) & (meta.space == spec.target_space)].sort_values("row")
-        ys, yt = ms["label"].to_numpy(np.int64), mt["label"].to_numpy(np.int64)
-        name = pair_name(s, t)
-        _check_classes(name, (s, t), ys, yt)
-        groups = _groups(spec, (s, t), ms, mt)
-        splits = _draw_pair(spec, split_file, (s, t), ys, yt, groups)
-        _check_splits(spec, name, splits, yt, groups[1])
-        out.append(PairSplits(s, t, ys, yt, splits))
+        out.append(_one_pair_splits(spec, split_file, (s, t), ms, mt))
+    check_pool_groups(spec, {p.target: p.target_groups for p in out})
     return out
+
+
+def _one_pair_splits(spec: StudySpec, split_file: Path | None, pair, ms, mt) -> PairSplits:
+    """The checked splits of one pair, drawn over its labelled samples (:func:`on_device`)."""
+    ys, yt = ms["label"].to_numpy(np.int64), mt["label"].to_numpy(np.int64)
+    name = pair_name(*pair)
+    _check_labelled(name, pair, ys, yt)
+    ls, lt = np.flatnonzero(ys >= 0), np.flatnonzero(yt >= 0)
+    _check_classes(name, pair, ys[ls], yt[lt])
+    _check_class_counts(spec, name, pair[1], yt[lt])
+    groups = _groups(spec, pair, ms, mt)
+    drawn_groups = (None, None) if groups[0] is None else (groups[0][ls], groups[1][lt])
+    drawn = _draw_pair(spec, split_file, pair, ys[ls], yt[lt], drawn_groups)
+    _check_splits(spec, name, drawn, yt[lt], drawn_groups[1])
+    splits = [
+        on_device(sp, ls, lt, _training_side_unlabelled(sp, yt, lt, groups[1])) for sp in drawn
+    ]
+    target_groups = mt["group"].to_numpy(str)
+    return PairSplits(*pair, ys, yt, splits, target_groups, int((ys < 0).sum()))
+
+
+def _training_side_unlabelled(split: Split, yt: np.ndarray, lt: np.ndarray, groups) -> np.ndarray:
+    """The unlabelled target samples on the training side of a split drawn over ``lt``.
+
+    All of them, except under protocol ``"group"`` those of a test group.
+    """
+    unlabelled = np.flatnonzero(yt < 0)
+    if groups is None:
+        return unlabelled
+    test_groups = groups[lt[split.target_test]]
+    return unlabelled[~np.isin(groups[unlabelled], test_groups)]
+
+
+def unlabelled_notes(pairs: list[PairSplits]) -> list[str]:
+    """One line per source device whose unlabelled samples a study leaves out of training."""
+    left_out = {p.source: p.n_unlabelled_source for p in pairs if p.n_unlabelled_source}
+    return [
+        f"study: {n} unlabelled samples (label -1) of source device {dev!r} are left out "
+        "(a source sample trains only with its label)"
+        for dev, n in left_out.items()
+    ]
 
 
 def check_data(spec: StudySpec, store: Path, split_file: Path | None) -> list[PairSplits]:
@@ -280,11 +360,12 @@ def validate_data(spec: StudySpec) -> str:
     with tempfile.TemporaryDirectory(prefix="mmdtl2-validate-") as tmp:
         store, split_file = prepare_data(spec, Path(tmp) if spec.builtin else None)
         pairs = check_data(spec, store, split_file)
-    return (
+    line = (
         f"data: {len(pairs)} device pair(s) x {spec.n_splits} splits checked against the "
         f"store; each split holds {max(spec.samples_per_class)} labelled target samples "
         "per class and a test set"
     )
+    return "\n".join([line, *unlabelled_notes(pairs)])
 
 
 def build_plan(
@@ -314,6 +395,7 @@ def build_plan(
             y_source=p.y_source,
             y_target=p.y_target,
             splits=p.splits,
+            target_groups=p.target_groups,
             store=str(store),
             source_space=spec.source_space,
             target_space=spec.target_space,

@@ -92,7 +92,9 @@ def significance_marks(
 def results_frame(trials: list[dict]) -> pd.DataFrame:
     """One row per (trial, pair, split) from trial payloads (see ``study.trial``).
 
-    ``pool_size`` is the prior's pool of a ``select = "auto"`` unit (empty otherwise).
+    ``pool_size`` is the prior's pool of a ``select = "auto"`` unit (empty otherwise),
+    ``target_pool_size`` the target samples a method that uses unlabelled samples was
+    given (labelled ones included; empty for the other methods).
     """
     rows = []
     for t in trials:
@@ -111,6 +113,7 @@ def results_frame(trials: list[dict]) -> pd.DataFrame:
                     "fit_s": u.get("fit_s", math.nan),
                     "chosen": json.dumps(u.get("chosen") or {}, sort_keys=True),
                     "pool_size": u.get("pool_size"),
+                    "target_pool_size": u.get("target_pool_size"),
                 }
             )
     cols = [
@@ -126,6 +129,7 @@ def results_frame(trials: list[dict]) -> pd.DataFrame:
         "fit_s",
         "chosen",
         "pool_size",
+        "target_pool_size",
     ]
     return pd.DataFrame(rows, columns=cols)
 

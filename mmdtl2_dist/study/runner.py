@@ -56,6 +56,7 @@ from mmdtl2_dist.study.preparation import (
     gram_provenance,
     prepare_data,
     study_plan,
+    unlabelled_notes,
 )
 from mmdtl2_dist.study.report import write_report
 from mmdtl2_dist.study.spec import StudySpec, load_spec, parse_spec
@@ -192,7 +193,7 @@ def run_study(
         )
 
 
-def _checked_data(spec: StudySpec) -> tuple[Path, Path | None]:
+def _checked_data(spec: StudySpec, progress: bool | None) -> tuple[Path, Path | None]:
     """Claim the study folder and check the spec against its data (seconds, no compute)."""
     out = spec.output
     state_path = out / STATE_FILE
@@ -205,7 +206,9 @@ def _checked_data(spec: StudySpec) -> tuple[Path, Path | None]:
                 "--output or delete the folder."
             )
     store, split_file = prepare_data(spec)
-    check_data(spec, store, split_file)  # before the executor and the Gram (hours)
+    pairs = check_data(spec, store, split_file)  # before the executor and the Gram (hours)
+    for note in unlabelled_notes(pairs):
+        say(progress, note)
     return store, split_file
 
 
@@ -219,7 +222,7 @@ def _run_study(
     max_trials: int | None,
 ) -> dict:
     t_start = time.perf_counter()
-    store, split_file = _checked_data(spec)
+    store, split_file = _checked_data(spec, progress)
     stages = {"executor": executor.name, "data_check_s": time.perf_counter() - t_start}
     spec.output.mkdir(parents=True, exist_ok=True)
     _write_state(spec, {})

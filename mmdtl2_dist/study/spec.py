@@ -25,7 +25,7 @@ per class, how splits are drawn, and where results go. Example (TOML)::
     n_splits = 10
     train_fraction = 0.5
     samples_per_class = [1, 2, 3, 4, 5, 10, 15, 20, 25, 30, 35, 40]
-    unlabelled = "non-test"            # non-test | all | none: the unlabelled target pool
+    unlabelled = "non-test"            # non-test | all | none | { groups = [...] }: the pool
 
     [[methods]]
     label = "MMDTL2 (RBF)"
@@ -44,8 +44,14 @@ per class, how splits are drawn, and where results go. Example (TOML)::
 (``select = "auto"``'s prior pool and the skada baselines): ``"non-test"`` (default)
 every target sample of the device outside the test set, ``"all"`` also the test samples'
 features (never their labels: the transductive protocol of the published methods),
-``"none"`` the labelled ones only. With split files that list only the labelled and the
-test samples (Hoffman's), ``"non-test"`` is the labelled samples.
+``"none"`` the labelled ones only; a table ``{ groups = ["session_7", "session_8"] }``
+(optionally ``mode = "all"``) keeps the samples of that mode in the named groups of the
+store's group column, with the labelled ones (:mod:`mmdtl2_dist.study.pools`). Samples
+labelled -1 in the store are unlabelled: the splits are drawn over the labelled samples
+(the same splits as the store without the unlabelled ones), the unlabelled target samples
+join the pools, the unlabelled source samples are left out. With split files that list
+only the labelled and the test samples (Hoffman's), ``"non-test"`` is the labelled
+samples and the device's unlabelled ones.
 
 See ``studies/*.toml`` for complete studies and :func:`load_spec` for every key; the JSON
 Schema of every key (:mod:`mmdtl2_dist.study.spec_schema`, printed by ``mmdtl2 study
@@ -67,6 +73,7 @@ from mmdtl2_dist.core.evaluate import expand_grid
 from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
 from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
 from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
+from mmdtl2_dist.study.pools import DEFAULT_POOL, POOL_MODES
 
 #: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
 CORE_METHODS = tuple(CORE_DEFAULTS)
@@ -95,7 +102,7 @@ SECTIONS = ("study", "data", "gram", "splits", "methods", "execution", "tracking
 #: Which unlabelled target samples the methods that use them see (``select = "auto"``'s
 #: prior pool, the skada baselines' target samples): every non-test sample of the target
 #: device (inductive), also the test samples (transductive) or none.
-UNLABELLED_POOLS = ("non-test", "all", "none")
+UNLABELLED_POOLS = POOL_MODES
 DEFAULT_OUTPUT_ROOT = "mmdtl2-studies"
 PRIOR_MATRIX = (
     "prior = 'matrix' needs a map W0, which a study spec cannot give; use 'zero' or "
@@ -116,7 +123,7 @@ class MethodSpec:
     params: dict[str, Any]
     grid: dict[str, list]
     select: dict[str, list] | str
-    unlabelled: str | None = None
+    unlabelled: str | dict | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ class MethodConfig:
     select: dict[str, list] | str
     base_label: str
     swept: dict[str, Any]
-    unlabelled: str | None = None
+    unlabelled: str | dict | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ class TrialSpec:
     key: str
     config: MethodConfig
     n_per_class: int
-    unlabelled: str = "non-test"
+    unlabelled: str | dict = DEFAULT_POOL
 
     def to_dict(self) -> dict:
         c = self.config
@@ -183,7 +190,7 @@ class StudySpec:
     source_per_class: int | None
     samples_per_class: list[int]
     methods: list[MethodSpec]
-    unlabelled: str = "non-test"
+    unlabelled: str | dict = DEFAULT_POOL
     cpus_per_trial: float = 1.0
     split_tasks: int = 0
     max_concurrent_trials: int = 0
@@ -239,14 +246,14 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def trial_key(config: MethodConfig, n_per_class: int, unlabelled: str = "non-test") -> str:
+def trial_key(config: MethodConfig, n_per_class: int, unlabelled: str | dict = DEFAULT_POOL) -> str:
     """A deterministic key of a trial (its MLflow tag and result file name).
 
     The unlabelled pool enters the key only when it is not the default ``"non-test"``,
     so spelling out the default does not change a study's keys.
     """
     parts = [config.label, config.method, config.params, config.select, n_per_class]
-    if unlabelled != "non-test":
+    if unlabelled != DEFAULT_POOL:
         parts.append(unlabelled)
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]

@@ -27,6 +27,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from mmdtl2_dist.core.params import Param, method_params
 from mmdtl2_dist.core.preprocessing import PREPROCESSING
 from mmdtl2_dist.engine.products import PRECISIONS as GRAM_PRECISIONS
+from mmdtl2_dist.study.pools import NAMED_POOL_MODES
 from mmdtl2_dist.study.spec import (
     ALL_METHODS,
     BUILTIN_DATA,
@@ -107,12 +108,31 @@ def _section(props: dict, required: tuple = ()) -> dict:
     }
 
 
-_UNLABELLED = _enum(
-    UNLABELLED_POOLS,
-    f'one of {UNLABELLED_POOLS}: "non-test" (every target sample of the device outside the '
-    'test set), "all" (also the test samples\' features, never their labels: the '
-    'transductive protocol) or "none" (the labelled target samples only)',
-)
+_UNLABELLED = {
+    "anyOf": [
+        {"enum": list(UNLABELLED_POOLS)},
+        {
+            "type": "object",
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "uniqueItems": True,
+                    "items": {"type": "string", "minLength": 1},
+                },
+                "mode": {"enum": list(NAMED_POOL_MODES)},
+            },
+            "required": ["groups"],
+            "additionalProperties": False,
+        },
+    ],
+    "description": f'one of {UNLABELLED_POOLS}: "non-test" (every target sample of the '
+    'device outside the test set, unlabelled ones included), "all" (also the test samples\' '
+    'features, never their labels: the transductive protocol) or "none" (the labelled target '
+    'samples only); or a named pool, a table { groups = ["session_7"], mode = '
+    f'{" | ".join(map(repr, NAMED_POOL_MODES))} }} (default mode "non-test"): the samples '
+    "of that mode in the named groups of the store's group column, with the labelled ones",
+}
 _PAIR = {
     "type": "array",
     "items": {"type": "string", "minLength": 1},

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING
+from mmdtl2_dist.study.pools import DEFAULT_POOL, canonical_pool
 from mmdtl2_dist.study.spec import (
     CORE_METHODS,
     DEFAULT_OUTPUT_ROOT,
@@ -65,7 +66,8 @@ def methods_section(raw: list) -> list[MethodSpec]:
                 f"select (cross-validation) is offered for the core methods "
                 f"{CORE_METHODS}, not {method!r}.",
             )
-        out.append(MethodSpec(label, method, params, grid, select, m.get("unlabelled")))
+        pool = canonical_pool(m["unlabelled"]) if "unlabelled" in m else None
+        out.append(MethodSpec(label, method, params, grid, select, pool))
     return out
 
 
@@ -209,7 +211,7 @@ def splits_section(raw: dict, base: Path | None, builtin: str | None) -> dict:
             if not split_file.exists():
                 raise _err("splits", f"split file {str(split_file)!r} does not exist.")
     return {
-        "unlabelled": sp.get("unlabelled", "non-test"),
+        "unlabelled": canonical_pool(sp.get("unlabelled", DEFAULT_POOL)),
         "protocol": protocol,
         "split_file": split_file,
         "n_splits": sp.get("n_splits", 10),

@@ -11,9 +11,15 @@ Three protocols (``[splits] protocol`` of a study spec):
   frames of one video, images of one patient) go to one side, so nothing of a group
   straddles train and test. Groups are assigned per majority class to keep the split
   roughly stratified.
-- ``"fixed"`` — split files (for example Hoffman et al.'s), given as index lists.
+- ``"fixed"`` — split files (for example Hoffman et al.'s), given as index lists
+  (positions among the device's labelled samples, :mod:`mmdtl2_dist.study.data`).
 
 Indices are positions within one device's samples (0-based, in the store's row order).
+Splits are drawn over the *labelled* samples of a device (label >= 0) and mapped to device
+positions (:func:`on_device`): a store with extra unlabelled samples (label -1) gives the
+same splits as the store without them. The unlabelled samples are never training or test
+samples; :attr:`Split.target_unlabelled` lists those the split's non-test pool holds (see
+:mod:`mmdtl2_dist.study.pools`).
 
 The labelled target samples for ``n`` per class are the first ``n`` samples of each class
 in a fixed random order of the pool (one order per split), so the labelled sets are
@@ -29,7 +35,7 @@ pairs, of the order of the spec and of the number of splits.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -52,6 +58,9 @@ class Split:
         Fixed target test set.
     target_order : ndarray of int
         ``target_pool`` in the random order used to keep ``n`` samples per class.
+    target_unlabelled : ndarray of int
+        Unlabelled target samples (label -1) on the training side of the split: never
+        labelled, only in the pools of methods that use unlabelled samples.
     """
 
     index: int
@@ -59,6 +68,7 @@ class Split:
     target_pool: np.ndarray
     target_test: np.ndarray
     target_order: np.ndarray
+    target_unlabelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _stream(*names: str) -> int:
@@ -286,7 +296,7 @@ def fixed_splits(
     pair : (str, str)
         Source and target device names.
     n_source, n_target : int
-        Number of samples of each device (to check the indices).
+        Number of labelled samples of each device (to check the indices).
 
     Returns
     -------
@@ -308,7 +318,8 @@ def fixed_splits(
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 raise ValueError(
                     f"split {i} of {pair[0]}->{pair[1]}: {name} indices must be 0-based "
-                    f"positions below {n}, got range [{idx.min()}, {idx.max()}]."
+                    f"positions among the device's {n} labelled samples (below {n}), got "
+                    f"range [{idx.min()}, {idx.max()}]."
                 )
         if np.intersect1d(t, q).size:
             raise ValueError(
@@ -318,6 +329,25 @@ def fixed_splits(
         order = _rng(seed, i, pair[0], pair[1], "target").permutation(t)
         splits.append(Split(i, s, t, q, order))
     return splits
+
+
+def on_device(
+    split: Split, source: np.ndarray, target: np.ndarray, unlabelled: np.ndarray
+) -> Split:
+    """A split drawn over labelled samples, in device positions.
+
+    ``source``/``target``: the device positions of the labelled samples the split was
+    drawn over (sorted, so sorted index sets stay sorted); ``unlabelled``: the device
+    positions of its :attr:`Split.target_unlabelled`.
+    """
+    return replace(
+        split,
+        source_train=source[split.source_train],
+        target_pool=target[split.target_pool],
+        target_test=target[split.target_test],
+        target_order=target[split.target_order],
+        target_unlabelled=np.asarray(unlabelled, dtype=np.int64),
+    )
 
 
 def check_disjoint(split: Split, groups_target: np.ndarray | None = None) -> None:

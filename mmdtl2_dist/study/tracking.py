@@ -33,6 +33,7 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
 import mmdtl2_dist
+from mmdtl2_dist.study.pools import pool_text
 
 ROLE_TAG = "mmdtl2_role"
 KEY_TAG = "mmdtl2_trial_key"
@@ -282,6 +283,8 @@ class StudyTracker:
         }
         if payload.get("select"):
             params["select_grid"] = json.dumps(payload["select"], sort_keys=True)
+        if "unlabelled" in payload:
+            params["unlabelled"] = pool_text(payload["unlabelled"])
         ts = 0
         metrics = [
             Metric(k, v, ts, step) for k, v, step in trial_metrics(payload, self.class_names)

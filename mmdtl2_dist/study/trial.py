@@ -31,6 +31,8 @@ from mmdtl2_dist.core.methods import NEEDS_TEST_GRAM
 from mmdtl2_dist.study.baselines import skada_predict
 from mmdtl2_dist.study.plan import PairPlan, StudyPlan
 from mmdtl2_dist.study.plan import load_plan as read_plan
+from mmdtl2_dist.study.pools import unlabelled_pool
+from mmdtl2_dist.study.spec import EXTRA_METHODS
 from mmdtl2_dist.study.splits import Split, labelled_subset
 
 INFO_KEYS = (
@@ -116,34 +118,18 @@ def _needed_rows(plan: StudyPlan, path: str) -> np.ndarray:
     return np.unique(np.concatenate(rows))
 
 
-def unlabelled_pool(split: Split, labelled: np.ndarray, mode: str) -> np.ndarray:
-    """Target rows (split-local) a method may use without their labels, by ``mode``.
-
-    ``"non-test"``: the split's target training pool (every non-test target sample);
-    ``"all"``: also the test samples (transductive; their labels are never read);
-    ``"none"``: the labelled samples only.
-    """
-    if mode == "none":
-        return np.sort(labelled)
-    if mode == "all":
-        return np.union1d(split.target_pool, split.target_test)
-    if mode == "non-test":
-        return split.target_pool
-    raise ValueError(f"unlabelled must be 'non-test', 'all' or 'none', got {mode!r}.")
-
-
 def unit_blocks(
     plan: StudyPlan,
     pair: PairPlan,
     split: Split,
     n: int,
     need_qq: bool = False,
-    unlabelled: str = "non-test",
+    unlabelled: str | dict = "non-test",
 ) -> tuple[Blocks, dict]:
     """Slice the blocks of one unit; also return the rows used.
 
     The rows serve the feature methods, and ``rows["pool"]`` is the unlabelled target
-    pool of ``unlabelled`` (:func:`unlabelled_pool`).
+    pool ``unlabelled`` (a canonical pool, :func:`~mmdtl2_dist.study.pools.unlabelled_pool`).
     """
     t_local = labelled_subset(split, pair.y_target, n) if n > 0 else np.zeros(0, np.int64)
     s_local, q_local = split.source_train, split.target_test
@@ -169,7 +155,7 @@ def unit_blocks(
         "source": s_local,
         "target": t_local,
         "test": q_local,
-        "pool": unlabelled_pool(split, t_local, unlabelled),
+        "pool": unlabelled_pool(pair, split, t_local, unlabelled),
     }
 
 
@@ -213,7 +199,11 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
         ``pair``, ``split``, ``accuracy``, ``per_class`` (recall per test class),
         ``n_test``, ``fit_s`` (the method, CV included), ``cv_s`` (CV alone),
         ``slice_s``, ``info`` (the method's diagnostics), ``chosen`` (parameters picked
-        by cross-validation, if any) and ``cv_accuracy`` (their CV score, or None).
+        by cross-validation, if any) and ``cv_accuracy`` (their CV score, or None); for
+        methods that use unlabelled samples (``select = "auto"``, the skada baselines)
+        ``target_pool_size`` (the unit's target pool, labelled samples included), and for
+        ``select = "auto"`` ``auto`` and ``pool_size`` (the prior's pool: the source
+        training samples and the target pool).
     """
     from mmdtl2_dist.study.spec import core_params
 
@@ -226,7 +216,8 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
     t1 = time.perf_counter()
     params, select = core_params(dict(trial["params"])), trial.get("select") or {}
     chosen, cv_acc, cv_s, auto = {}, None, 0.0, None
-    if method in ("coral_svm", "sa_svm", "kmm_svm"):
+    uses_pool = method in EXTRA_METHODS or select == "auto"
+    if method in EXTRA_METHODS:
         y_pred, info = _skada_unit(pair, rows, blocks, method, params)
     elif select == "auto":
         y_pred, info, auto = _auto_unit(plan, pair, rows, blocks, params)
@@ -258,6 +249,7 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
         "info": {k: _plain(info[k]) for k in INFO_KEYS if k in info},
         "chosen": chosen,
         "cv_accuracy": cv_acc,
+        **({"target_pool_size": int(rows["pool"].size)} if uses_pool else {}),
         **({} if auto is None else {"auto": auto, "pool_size": auto["pool_size"]}),
     }
 
