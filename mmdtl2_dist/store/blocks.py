@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 
 
 class CorruptChunkError(ValueError):
@@ -85,8 +86,20 @@ def _open_cached(array_path: str) -> zarr.Array:
     return arr
 
 
+def array_dtype(array_path: str) -> np.dtype:
+    """The stored dtype of a feature array."""
+    return _open_cached(array_path).dtype
+
+
 def read_array_block(
-    array_path: str, r0: int, r1: int, c0: int, c1: int, *, check_finite: bool = True
+    array_path: str,
+    r0: int,
+    r1: int,
+    c0: int,
+    c1: int,
+    *,
+    check_finite: bool = True,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Read ``array[r0:r1, c0:c1]`` of a feature array, refusing damaged data.
 
@@ -101,6 +114,10 @@ def read_array_block(
         checks its results instead (a NaN reaches every product it enters) passes False
         and saves a pass over the data, then reads again with the check to name the
         damaged chunks.
+    out : ndarray, optional
+        A C-ordered array of the block's shape and the stored dtype to read into (a
+        caller reading block after block reuses one: a fresh block of tens of MB is
+        mapped and faulted in page by page, which costs as much as decoding it).
 
     Returns
     -------
@@ -114,7 +131,12 @@ def read_array_block(
     """
     arr = _open_cached(array_path)
     try:
-        block = arr[r0:r1, c0:c1]
+        if out is None:
+            block = arr[r0:r1, c0:c1]
+        else:
+            nd = default_buffer_prototype().nd_buffer.from_numpy_array(out)
+            block = arr.get_basic_selection((slice(r0, r1), slice(c0, c1)), out=nd)
+            block = out
     except Exception as exc:  # noqa: BLE001 - translated into a located error below
         bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
         raise CorruptChunkError(array_path, bad or [("?",)], reason) from exc

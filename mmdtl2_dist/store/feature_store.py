@@ -21,7 +21,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from mmdtl2_dist.progress import Progress
 from mmdtl2_dist.store.array_writer import ArrayWriter, check_consistency, store_fingerprint
-from mmdtl2_dist.store.blocks import CorruptChunkError, read_array_block
+from mmdtl2_dist.store.blocks import CorruptChunkError, array_dtype, read_array_block
 from mmdtl2_dist.store.layout import (
     FEATURES_GROUP,
     FORMAT_VERSION,
@@ -34,7 +34,7 @@ from mmdtl2_dist.store.layout import (
 )
 from mmdtl2_dist.store.outputs import FEATURE_STORE, StagedOutput, claim_output
 
-__all__ = ["CorruptChunkError", "FeatureStore", "StoreWriter", "read_array_block"]
+__all__ = ["CorruptChunkError", "FeatureStore", "StoreWriter", "array_dtype", "read_array_block"]
 
 COMPRESSION = ("none", "zstd")
 PROGRESS_MIN_BYTES = 256 << 20  # arrays at least this large report progress
