@@ -208,6 +208,43 @@ def test_lost_feature_chunk_is_named_by_the_part_that_reads_it(tmp_path):
     assert not list((tmp_path / "g" / "tiles").glob("*.json"))
 
 
+def test_an_empty_part_file_or_a_marker_without_its_checksum_is_recomputed(tmp_path, capsys):
+    """A part file left empty (a crash between its rename and the data reaching the disk)
+    and a marker that records no CRC32C (damaged, or written by an older version) are
+    named and recomputed; neither stops the run nor is summed."""
+    from mmdtl2_dist.engine import tasks
+
+    Z = _wide_store(tmp_path / "st")
+    kw = dict(address=IN_PROCESS, progress=False, feature_parts=4)
+    out = tmp_path / "g"
+    real = tasks.gram_combine_task
+
+    def stopped(*args):
+        raise KeyboardInterrupt  # the job stops before its combine
+
+    tasks.gram_combine_task = stopped
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            compute_gram(tmp_path / "st", "s", out, **kw)
+    finally:
+        tasks.gram_combine_task = real
+    parts_dir = out / "tiles" / "parts"
+    (parts_dir / "0_0.0.npy").write_bytes(b"")
+    old = json.loads((parts_dir / "0_0.1.json").read_text())
+    old["blake2b"] = "0" * 32
+    del old["crc32c"]
+    (parts_dir / "0_0.1.json").write_text(json.dumps(old))
+    (parts_dir / ".0_0.2.json.0123abcd.tmp").write_text("{")  # a marker write cut short
+    capsys.readouterr()
+    gs = compute_gram(tmp_path / "st", "s", out, **kw)
+    err = capsys.readouterr().err
+    assert "part 0_0.0 of tile 0_0" in err and "cannot be read" in err
+    assert "part 0_0.1 of tile 0_0" in err and "records no CRC32C checksum" in err
+    assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (2, 2)
+    _close(gs.to_numpy(), Z @ Z.T)
+    assert not list(parts_dir.iterdir())
+
+
 def test_a_part_damaged_before_its_combine_is_named_and_removed(tmp_path):
     from mmdtl2_dist.engine import tasks
 

@@ -12,10 +12,11 @@ into a float64 accumulator. Two precisions:
 ``"mixed"``
     Each block stays in float32 (the width features are stored in) and is multiplied in
     float32 (``sgemm``, or ``ssyrk`` for a diagonal tile) over sub-blocks of at most
-    :data:`MIXED_SPAN` features, which is at least the engine's feature block: one
-    float32 product per feature block, added to the float64 accumulator. Every rounding
-    in float32 happens inside one sub-block, so the error of an entry is bounded by the
-    sub-block width, not by the feature dimension ``L``:
+    :data:`MIXED_SPAN` features, which is at least the engine's default feature block
+    (:data:`~mmdtl2_dist.engine.plan.TARGET_COL_SPAN`): one float32 product per feature
+    block (unless a store's column chunks are wider), added to the float64 accumulator.
+    Every rounding in float32 happens inside one sub-block, so the error of an entry is
+    bounded by the sub-block width, not by the feature dimension ``L``:
 
     * worst case, whatever the summation order the BLAS picks inside a sub-block,
       ``|Ĝ_ij - G_ij| <= γ_k (|X| |Y|ᵀ)_ij`` with ``γ_k = k u / (1 - k u)``,
@@ -49,7 +50,9 @@ PRECISIONS = ("float64", "mixed")
 #: so a block is one product and one add pass into the float64 accumulator.
 MIXED_SPAN = 8192
 #: Features per float64 conversion and product in the exact mode, for blocks stored as
-#: float32 (2,048 rows x 1,024 features of float64: 16 MB, in cache when BLAS reads it).
+#: float32: each span is converted just before BLAS reads it (2,048 rows x 1,024
+#: features of float64: 16 MB, in the shared cache), instead of a whole block going
+#: through main memory twice more.
 CAST_SPAN = 1024
 #: Unit roundoff of float32 and float64.
 U32, U64 = 2.0**-24, 2.0**-53

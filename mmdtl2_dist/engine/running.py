@@ -77,7 +77,7 @@ def task_options(job: dict, itemsize: int, run) -> dict:
 def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[dict, list[str]]:
     """The parts earlier runs finished, checked; what was damaged (their files removed).
 
-    A part counts as done when its marker reads and its file has the hash the marker
+    A part counts as done when its marker reads and its file has the CRC32C the marker
     records; a file without a marker (its task was stopped before the marker) and a
     part whose file is missing or other is removed and recomputed, the latter named on
     stderr. The leftover parts of finished tiles are removed.
@@ -105,8 +105,8 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
                 marker_path.unlink(missing_ok=True)
                 continue
             kept[(tile.key, k)] = marker
-    for tmp in (tiles_dir / tasks.PARTS_DIR).glob(".*.npy.*.tmp"):
-        tmp.unlink(missing_ok=True)  # a part write that was stopped before its rename
+    for tmp in (tiles_dir / tasks.PARTS_DIR).glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)  # a part or marker write stopped before its rename
     if damaged:
         print(
             f"gram {job['space']}: {out} has damaged parts, recomputed in this run: "

@@ -7,7 +7,7 @@ completion marker, atomically. They import neither the driver nor Ray.
 A tile split into feature parts (:mod:`mmdtl2_dist.engine.plan`) runs one
 :func:`gram_tile_task` per part, which writes its partial tile to
 ``tiles/parts/<i>_<j>.<k>.npy`` (to a temporary name, then renamed) and then its marker
-``<i>_<j>.<k>.json`` holding the file's hash; :func:`gram_combine_task` then checks
+``<i>_<j>.<k>.json`` holding the file's CRC32C; :func:`gram_combine_task` then checks
 each part against its marker, sums them in part order, writes the tile's chunk and
 marker as an unsplit tile does, and removes the part files.
 """
@@ -66,7 +66,7 @@ def moments_task(
 
 
 def _preprocessed_rows(job, start, stop, c0, c1, stats, norms, product, timer, slot="a"):
-    """Rows ``[start, stop)``, features ``[c0, c1)``, preprocessed, in the product's dtype.
+    """Rows ``[start, stop)``, features ``[c0, c1)``, preprocessed, as the product takes them.
 
     Preprocessing is computed in float64; without preprocessing the stored values go to
     the product as they are (float32 features stay float32 in mixed precision and on
@@ -185,7 +185,7 @@ def part_paths(tiles_dir: str | os.PathLike, tile: Tile, part: int) -> tuple[Pat
 
 
 def _store_part(job: dict, tile: Tile, part: int, G, timer: PhaseTimer, device) -> dict:
-    """Write a partial tile to its file (atomically), then its marker with the file's hash."""
+    """Write a partial tile to its file (atomically), then its marker with the file's CRC32C."""
     data, marker_path = part_paths(job["tiles_dir"], tile, part)
     with timer.phase("write"):
         data.parent.mkdir(exist_ok=True)
@@ -213,18 +213,22 @@ class DamagedPartError(RuntimeError):
 
 
 def load_part(tiles_dir: str | os.PathLike, tile: Tile, part: int, marker: dict) -> np.ndarray:
-    """The partial tile ``part`` of ``tile``, checked against the hash in its marker.
+    """The partial tile ``part`` of ``tile``, checked against the CRC32C in its marker.
 
     Raises
     ------
     DamagedPartError
-        If the file is missing, unreadable, of another shape, or its hash differs.
+        If the marker records no checksum (damaged, or written by a version that
+        recorded another), or the file is missing, unreadable (empty included), of
+        another shape, or its checksum differs.
     """
     data, _ = part_paths(tiles_dir, tile, part)
     shape = (tile.a1 - tile.a0, tile.b1 - tile.b0)
+    if not isinstance(marker, dict) or "crc32c" not in marker:
+        raise DamagedPartError(f"the marker of part file {data} records no CRC32C checksum")
     try:
         G = np.load(data, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise DamagedPartError(f"part file {data} cannot be read ({exc})") from None
     if G.shape != shape or G.dtype != np.float64 or part_checksum(G) != marker.get("crc32c"):
         raise DamagedPartError(

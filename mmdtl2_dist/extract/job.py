@@ -328,9 +328,9 @@ def extract(
         with _store_fill(target, todo, opt) as fill:
             busy = _run_shards(todo, shards, spec, pre, ex, opt, fill.shard_done) if todo else 0.0
             fs = fill.finish()
+        shutil.rmtree(work, ignore_errors=True)  # under the lock: no run finds it half gone
     finally:
         os.close(fd)
-    shutil.rmtree(work, ignore_errors=True)
     fs.last_run = {
         "shards": len(shards),
         "computed": len(todo),
