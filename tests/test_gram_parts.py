@@ -145,9 +145,8 @@ def test_torch_tiles_with_parts(tmp_path):
     assert on_torch.last_run["parts_computed"] == 9 and on_torch.last_run["device"] == "cpu"
 
 
-def test_damaged_or_missing_part_files_are_recomputed_never_summed(tmp_path, capsys):
-    """Parts left by an interrupted job: a part whose file is damaged or missing, or that
-    has no marker, is recomputed; the intact ones are kept."""
+def _parts_of_a_job_stopped_before_its_combine(tmp_path):
+    """Run a 4-part in-process job that stops before its combine: (Z, out, compute kwargs)."""
     from mmdtl2_dist.engine import tasks
 
     Z = _wide_store(tmp_path / "st")
@@ -164,6 +163,14 @@ def test_damaged_or_missing_part_files_are_recomputed_never_summed(tmp_path, cap
             compute_gram(tmp_path / "st", "s", out, **kw)
     finally:
         tasks.gram_combine_task = real
+    return Z, out, kw
+
+
+def test_damaged_or_missing_part_files_are_recomputed_never_summed(tmp_path, capsys):
+    """Parts left by an interrupted job: a part whose file is damaged or missing, or that
+    has no marker, is recomputed; the intact ones are kept."""
+
+    Z, out, kw = _parts_of_a_job_stopped_before_its_combine(tmp_path)
     parts_dir = out / "tiles" / "parts"
     before = {p.name: json.loads(p.read_text()) for p in parts_dir.glob("*.json")}
     assert sorted(before) == [f"0_0.{k}.json" for k in range(4)]
@@ -212,22 +219,8 @@ def test_an_empty_part_file_or_a_marker_without_its_checksum_is_recomputed(tmp_p
     """A part file left empty (a crash between its rename and the data reaching the disk)
     and a marker that records no CRC32C (damaged, or written by an older version) are
     named and recomputed; neither stops the run nor is summed."""
-    from mmdtl2_dist.engine import tasks
 
-    Z = _wide_store(tmp_path / "st")
-    kw = dict(address=IN_PROCESS, progress=False, feature_parts=4)
-    out = tmp_path / "g"
-    real = tasks.gram_combine_task
-
-    def stopped(*args):
-        raise KeyboardInterrupt  # the job stops before its combine
-
-    tasks.gram_combine_task = stopped
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            compute_gram(tmp_path / "st", "s", out, **kw)
-    finally:
-        tasks.gram_combine_task = real
+    Z, out, kw = _parts_of_a_job_stopped_before_its_combine(tmp_path)
     parts_dir = out / "tiles" / "parts"
     (parts_dir / "0_0.0.npy").write_bytes(b"")
     old = json.loads((parts_dir / "0_0.1.json").read_text())

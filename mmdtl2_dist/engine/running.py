@@ -91,18 +91,16 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
     kept, damaged = {}, []
     for tile in tiles:
         for k in range(job["parts"]):
-            data, marker_path = tasks.part_paths(tiles_dir, tile, k)
+            _, marker_path = tasks.part_paths(tiles_dir, tile, k)
             if tile.key in done or not marker_path.exists():
-                data.unlink(missing_ok=True)
-                marker_path.unlink(missing_ok=True)
+                tasks.remove_parts(tiles_dir, tile, job["parts"], only=k)
                 continue
             try:
                 marker = json.loads(marker_path.read_text())
                 tasks.load_part(tiles_dir, tile, k, marker)
             except (OSError, ValueError, tasks.DamagedPartError) as exc:
                 damaged.append(f"part {tile.key}.{k} of tile {tile.key}: {exc}")
-                data.unlink(missing_ok=True)
-                marker_path.unlink(missing_ok=True)
+                tasks.remove_parts(tiles_dir, tile, job["parts"], only=k)
                 continue
             kept[(tile.key, k)] = marker
     for tmp in (tiles_dir / tasks.PARTS_DIR).glob(".*.tmp"):

@@ -162,19 +162,22 @@ def _store_tile(job: dict, tile: Tile, G: np.ndarray, timer: PhaseTimer, device,
         gram = zarr.open_array(job["gram_path"], mode="r+")
         gram[tile.a0 : tile.a1, tile.b0 : tile.b1] = G
     with timer.phase("digest"):
-        marker = {
+        fields = {
             "tile": tile.key,
             "rows_a": [tile.a0, tile.a1],
             "rows_b": [tile.b0, tile.b1],
             "blake2b": tile_digest(G),
             **extra,
-            "attempt": uuid.uuid4().hex,
-            "pid": os.getpid(),
-            "finished": time.time(),
         }
+    return _write_marker(Path(job["tiles_dir"]) / f"{tile.key}.json", fields, timer, device)
+
+
+def _write_marker(path: Path, fields: dict, timer: PhaseTimer, device) -> dict:
+    """A task's marker: ``fields``, its attempt, process, end time and phase times."""
+    marker = {**fields, "attempt": uuid.uuid4().hex, "pid": os.getpid(), "finished": time.time()}
     marker["timing"] = timer.record(device)
     marker["seconds"] = marker["timing"]["total"]
-    write_json_atomic(Path(job["tiles_dir"]) / f"{tile.key}.json", marker)
+    write_json_atomic(path, marker)
     return marker
 
 
@@ -194,18 +197,8 @@ def _store_part(job: dict, tile: Tile, part: int, G, timer: PhaseTimer, device) 
             np.save(f, G, allow_pickle=False)
         os.replace(tmp, data)
     with timer.phase("digest"):
-        marker = {
-            "tile": tile.key,
-            "part": part,
-            "crc32c": part_checksum(G),
-            "attempt": uuid.uuid4().hex,
-            "pid": os.getpid(),
-            "finished": time.time(),
-        }
-    marker["timing"] = timer.record(device)
-    marker["seconds"] = marker["timing"]["total"]
-    write_json_atomic(marker_path, marker)
-    return marker
+        fields = {"tile": tile.key, "part": part, "crc32c": part_checksum(G)}
+    return _write_marker(marker_path, fields, timer, device)
 
 
 class DamagedPartError(RuntimeError):
@@ -248,7 +241,7 @@ def gram_combine_task(job: dict, tile: Tile, *markers: dict) -> dict:
     """
     done = Path(job["tiles_dir"]) / f"{tile.key}.json"
     if done.exists():
-        _remove_parts(job["tiles_dir"], tile, len(markers))
+        remove_parts(job["tiles_dir"], tile, len(markers))
         return json.loads(done.read_text())
     timer = PhaseTimer()
     G = None
@@ -257,7 +250,7 @@ def gram_combine_task(job: dict, tile: Tile, *markers: dict) -> dict:
             try:
                 P = load_part(job["tiles_dir"], tile, k, marker)
             except DamagedPartError as exc:
-                _remove_parts(job["tiles_dir"], tile, k + 1, only=k)
+                remove_parts(job["tiles_dir"], tile, k + 1, only=k)
                 raise DamagedPartError(
                     f"Gram tile {tile.key}: {exc}; removed it: run the Gram again to "
                     "recompute that part."
@@ -266,11 +259,11 @@ def gram_combine_task(job: dict, tile: Tile, *markers: dict) -> dict:
             G = P if G is None else np.add(G, P, out=G)
     parts = [m["attempt"] for m in markers]
     marker = _store_tile(job, tile, G, timer, "numpy", parts=parts)
-    _remove_parts(job["tiles_dir"], tile, len(markers))
+    remove_parts(job["tiles_dir"], tile, len(markers))
     return marker
 
 
-def _remove_parts(tiles_dir, tile: Tile, parts: int, only: int | None = None) -> None:
+def remove_parts(tiles_dir, tile: Tile, parts: int, only: int | None = None) -> None:
     """Remove the part files and markers of ``tile`` (or of part ``only``)."""
     for k in range(parts) if only is None else [only]:
         for path in part_paths(tiles_dir, tile, k):
