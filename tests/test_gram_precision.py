@@ -231,6 +231,10 @@ def test_timing_breakdown_per_tile_and_worker(cnn_store, tmp_path):
 @pytest.mark.ray
 def test_timing_names_each_ray_worker(ray_local, cnn_store, tmp_path):
     store, ref, _ = cnn_store
+    # Ray starts workers lazily: with tiles of milliseconds one process can take them all
+    # before a second exists. Two one-CPU tasks that overlap start both workers first.
+    pause = ray_local.remote(num_cpus=1)(lambda: __import__("time").sleep(1.0))
+    ray_local.get([pause.remote(), pause.remote()])
     gs = compute_gram(store, "conv3", tmp_path / "g", tile_rows=32, progress=False)
     timing = gs.last_run["timing"]
     assert sum(w["tiles"] for w in timing["workers"].values()) == timing["tiles"]
