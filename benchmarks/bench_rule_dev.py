@@ -58,6 +58,7 @@ import json
 import platform
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -85,9 +86,9 @@ from mmdtl2_dist.core.selection import (
 )
 from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
-# ``fresh2`` (seed 2029) confirms the variants of the frozen rule (``--variants``); ``fresh``
-# confirmed the frozen rule itself.
-SEEDS = {**SELECTION_SEEDS, "fresh2": 2029}
+# ``fresh`` confirmed the frozen rule itself, ``fresh2`` (seed 2029) its ST/ENS variants and
+# ``fresh3`` (seed 2030) self-training from the fold fits (``--variants STF``).
+SEEDS = {**SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030}
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
 # (label, fixed parameters, transductive prior or None, d in units of the class count C)
@@ -404,7 +405,7 @@ def collect_frozen(job, data_dir, seed):
 
 # Two extensions of the frozen rule (BENCHMARKS.md, "Two extensions of the frozen rule,
 # studied on dev data"), each the frozen rule plus one change, constants fixed before the run.
-VARIANTS = ("frozen rule", "ST", "ST2", "ENS", "ENS+ST")
+VARIANTS = ("frozen rule", "ST", "ST2", "ENS", "ENS+ST", "STF")
 ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targets
 
 
@@ -431,13 +432,38 @@ def pseudo_labelled(pool: SamplePool, ys, yt, scores, classes, times: int):
     return (*with_pseudo_labels(pool, yt, rows, labels), rows, labels)
 
 
+def fold_trained(prob, train: np.ndarray):
+    """``prob`` with only the labelled targets ``train``; its scored rows unchanged."""
+    keep = lambda K: None if K is None else K[:, train]  # noqa: E731 - columns of train
+    return replace(
+        prob, yt=prob.yt[train], Ktt=prob.Ktt[np.ix_(train, train)], Ktq=prob.Ktq[train],
+        Kst=keep(prob.Kst), Ksu=keep(prob.Ksu),
+        Kuu=None if prob.Kuu is None else prob.Kuu[np.ix_(train, train)],
+        Kuuq=None if prob.Kuuq is None else prob.Kuuq[train],
+    )  # fmt: skip
+
+
+def fold_scores(choice, yt):
+    """The pick's fold fits (the rule's CV, same folds) scoring the split's scored rows,
+    their raw decision scores averaged: the pseudo-labeller of STF, at no extra fit (the
+    product's CV fits would score these rows as they score the held-out ones)."""
+    prob = choice.problem
+    folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(prob.Ktt))
+    idx = np.arange(len(yt))
+    fits = [
+        fit_predict("mmdtl2", choice.params, fold_trained(prob, np.setdiff1d(idx, held)))
+        for held in folds
+    ]
+    return averaged(fits)[0], fits[0].classes
+
+
 def averaged(results):
     """The ensemble of fits: their raw decision scores averaged, its predictions."""
     scores = np.mean([r.scores for r in results], axis=0)
     return scores, results[0].classes[scores.argmax(axis=1)]
 
 
-def collect_variants(job, data_dir, seed):
+def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     """The frozen rule (run by the product) and its variants on one split.
 
     - **ST** / **ST2**: the frozen rule's pick refitted with the pseudo-labelled scored
@@ -447,6 +473,11 @@ def collect_variants(job, data_dir, seed):
       the frozen rule's F when a class has fewer than 2 labelled targets.
     - **ENS+ST**: pseudo-labels (1×) from the ensemble's scores, then D, T, S refitted
       with them and averaged (6 fits); ST when a class has fewer than 2.
+    - **STF**: pseudo-labels (1×) from the averaged scores of the pick's fold fits (the
+      rule's own CV), then the pick fitted with them instead of the rule's final fit: the
+      frozen rule's cost. Where no fold exists, the frozen rule's F.
+
+    ``wanted`` names the variants to compute (ST, ST2 and the frozen rule always are).
 
     The test labels are read only for the accuracies and the pseudo-labels' precision
     (a diagnostic), never by a variant.
@@ -473,6 +504,18 @@ def collect_variants(job, data_dir, seed):
         rec["wall_s"][name] = time.perf_counter() - t0
         rec["acc"][name], rec["cost"][name] = float(np.mean(r.y_pred == yq)), cost + 1
         rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
+    if choice.n_folds and "STF" in wanted:
+        t0 = time.perf_counter()
+        scores, classes = fold_scores(choice, yt)
+        grown, yt2, rows, labels = pseudo_labelled(pool, ys, yt, scores, classes, 1)
+        r = refit(choice.pick, grown, ys, yt2, choice.prior_map)
+        rec["wall_s"]["STF"] = rec["wall_s"]["frozen rule"] + time.perf_counter() - t0
+        rec["acc"]["STF"], rec["cost"]["STF"] = float(np.mean(r.y_pred == yq)), cost
+        rec["pseudo_precision"]["STF"] = float(np.mean(labels == yq[rows]))
+    elif "STF" in wanted:  # no folds: the rule's fold-free F alone
+        rec["acc"]["STF"], rec["cost"]["STF"] = rec["acc"]["frozen rule"], cost
+    if not {"ENS", "ENS+ST"} & set(wanted):
+        return rec
     if choice.n_folds == 0:
         for name, same in (("ENS", "frozen rule"), ("ENS+ST", "ST")):
             rec["acc"][name], rec["cost"][name] = rec["acc"][same], rec["cost"][same]
@@ -514,7 +557,8 @@ def write_variant_tables(records, meta, path: Path) -> None:
     derived from the same records): per-budget tables, summary, pseudo-label precision."""
     for rec in records:
         rec["acc"][POST_HOC], rec["cost"][POST_HOC] = st_where_validated(rec)
-    rules = {v: (lambda rec, v=v: (v, rec["cost"][v])) for v in (*VARIANTS, POST_HOC)}
+    shown = [v for v in (*VARIANTS, POST_HOC) if all(v in rec["acc"] for rec in records)]
+    rules = {v: (lambda rec, v=v: (v, rec["cost"][v])) for v in shown}
     table = rule_table(records, rules)
     prec: dict = {}
     for r in records:
@@ -581,8 +625,9 @@ def main() -> None:
     ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
     ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
     ap.add_argument(
-        "--variants", action="store_true", help="the frozen rule and its ST/ENS variants"
-    )
+        "--variants", nargs="*", default=None, choices=VARIANTS[1:],
+        help="the frozen rule and these of its variants (all when none is named)",
+    )  # fmt: skip
     ap.add_argument("--variant-tables", type=Path, default=None, help="tables of a --variants run")
     args = ap.parse_args()
     if args.variant_tables is not None:
@@ -601,9 +646,14 @@ def main() -> None:
         return
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     data_dir = None if args.data is None else str(args.data.resolve())
-    suffix = "_variants" if args.variants else "_frozen" if args.frozen else ""
+    only = "_" + "_".join(args.variants).lower().replace("+", "") if args.variants else ""
+    suffix = f"_variants{only}" if args.variants is not None else "_frozen" if args.frozen else ""
     args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}{suffix}.json"
-    run = collect_variants if args.variants else collect_frozen if args.frozen else collect
+    wanted = None if args.variants is None else tuple(args.variants or VARIANTS)
+    run = (
+        (lambda job, d, seed: collect_variants(job, d, seed, wanted)) if wanted
+        else collect_frozen if args.frozen else collect
+    )  # fmt: skip
     jobs = jobs_for(datasets, data_dir, args.labels, args.splits)
     t0 = time.perf_counter()
     records = []
@@ -622,7 +672,7 @@ def main() -> None:
         + " ".join(datasets)
         + f" --labels {' '.join(map(str, args.labels))} --splits {args.splits} --set {args.set}"
         + (" --frozen" if args.frozen else "")
-        + (" --variants" if args.variants else ""),
+        + ("" if args.variants is None else " --variants " + " ".join(args.variants)).rstrip(),
         "datasets": datasets,
         "labels": args.labels,
         "splits": args.splits,
@@ -632,7 +682,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "records": records}, ensure_ascii=False))
-    if args.variants:
+    if args.variants is not None:
         write_variant_tables(records, meta, args.out.with_suffix(".md"))
     elif args.frozen:
         write_frozen_tables(records, meta, args.out.with_suffix(".md"))
