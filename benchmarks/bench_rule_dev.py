@@ -70,7 +70,7 @@ from mmdtl2_dist.core.auto import (
     ALTERNATIVES,
     DEFAULT,
     NO_FOLDS,
-    candidate_problem,
+    candidate_map,
     fit_predict_auto,
     pca_dim,
     rule_params,
@@ -443,11 +443,11 @@ def fold_trained(prob, train: np.ndarray):
     )  # fmt: skip
 
 
-def fold_scores(choice, yt):
+def fold_scores(choice, pool, ys, yt):
     """The pick's fold fits (the rule's CV, same folds) scoring the split's scored rows,
-    their raw decision scores averaged: the pseudo-labeller of STF, at no extra fit (the
-    product's CV fits would score these rows as they score the held-out ones)."""
-    prob = choice.problem
+    their raw decision scores averaged: STF's pseudo-labeller, refitted here as a reference
+    for the product (whose CV fits score these rows in the same fits as the held-out ones)."""
+    prob = pool.problem(ys, yt, None if choice.prior_map is None else choice.prior_map.blocks(pool))
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(prob.Ktt))
     idx = np.arange(len(yt))
     fits = [
@@ -492,10 +492,12 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     for m in ("source_svm", "target_svm"):
         rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
     t0 = time.perf_counter()
-    res, choice = fit_predict_auto(pool, ys, yt)
+    product, choice = fit_predict_auto(pool, ys, yt)  # the product's rule: STF since its adoption
+    res = refit(choice.pick, pool, ys, yt, choice.prior_map)  # auto-2026-11-26: same pick
     rec["wall_s"]["frozen rule"] = time.perf_counter() - t0
-    cost = res.info["n_fits"]
+    cost = product.info["n_fits"]
     rec.update(pick=CANDIDATES_AUTO[choice.pick].label, auto=choice.record())
+    rec["acc_product"] = float(np.mean(product.y_pred == yq))
     rec["acc"]["frozen rule"], rec["cost"]["frozen rule"] = float(np.mean(res.y_pred == yq)), cost
     for name, times in (("ST", 1), ("ST2", 2)):
         t0 = time.perf_counter()
@@ -506,7 +508,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
         rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
     if choice.n_folds and "STF" in wanted:
         t0 = time.perf_counter()
-        scores, classes = fold_scores(choice, yt)
+        scores, classes = fold_scores(choice, pool, ys, yt)
         grown, yt2, rows, labels = pseudo_labelled(pool, ys, yt, scores, classes, 1)
         r = refit(choice.pick, grown, ys, yt2, choice.prior_map)
         rec["wall_s"]["STF"] = rec["wall_s"]["frozen rule"] + time.perf_counter() - t0
@@ -524,7 +526,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     n_classes, learn = len(np.unique(np.r_[ys, yt])), np.ones(pool.Kyy.shape[0], bool)
     maps = {
         c: choice.prior_map if c == choice.pick else
-        candidate_problem(pool, base, pca_dim(c, n_classes, len(learn)), learn)[1]
+        candidate_map(pool, pca_dim(c, n_classes, len(learn)), learn)
         for c in ENSEMBLE
     }  # fmt: skip
     fits = [res if c == choice.pick else refit(c, pool, ys, yt, maps[c]) for c in ENSEMBLE]
