@@ -57,7 +57,6 @@ import argparse
 import json
 import platform
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,6 +70,7 @@ from mmdtl2_dist.core.auto import (
     DEFAULT,
     NO_FOLDS,
     candidate_map,
+    confident_pseudo_labels,
     fit_predict_auto,
     pca_dim,
     rule_params,
@@ -104,34 +104,6 @@ CANDIDATES = (
 LABELS = [c[0] for c in CANDIDATES]
 MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fits at most
 KNN = 5
-
-
-def confident_pseudo_labels(
-    scores: np.ndarray, classes: np.ndarray, per_class: Mapping
-) -> tuple[np.ndarray, np.ndarray]:
-    """The most confident predictions of each class: ``(rows, labels)``.
-
-    A row's prediction is its highest-scoring class and its confidence the margin of that
-    score over the second highest. For each class ``c`` of ``per_class`` the (at most)
-    ``per_class[c]`` rows predicted as ``c`` with the largest margins are kept (ties to the
-    lower row), so a self-training step adds to each class as many pseudo-labelled samples
-    as asked, never samples predicted as another class. Rows are returned in ascending order.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.ndim != 2 or scores.shape[1] != len(classes) or len(classes) < 2:
-        raise ValueError(
-            f"scores must be (samples, classes) with one column per class of {len(classes)} "
-            f"(at least 2), got shape {scores.shape}; pass the multiclass decision scores."
-        )
-    top2 = np.sort(scores, axis=1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    pred = scores.argmax(axis=1)
-    rows = []
-    for c, k in per_class.items():
-        (cand,) = np.nonzero(pred == np.searchsorted(classes, c))
-        rows.append(cand[np.argsort(-margin[cand], kind="stable")[: int(k)]])
-    rows = np.sort(np.concatenate(rows)) if rows else np.zeros(0, int)
-    return rows, np.asarray(classes)[pred[rows]]
 
 
 def split_rows(ys_all, yt_all, source, target, k, seed, n_lab):
