@@ -57,7 +57,6 @@ import argparse
 import json
 import platform
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,7 +69,8 @@ from mmdtl2_dist.core.auto import (
     ALTERNATIVES,
     DEFAULT,
     NO_FOLDS,
-    candidate_problem,
+    candidate_map,
+    confident_pseudo_labels,
     fit_predict_auto,
     pca_dim,
     rule_params,
@@ -104,34 +104,6 @@ CANDIDATES = (
 LABELS = [c[0] for c in CANDIDATES]
 MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fits at most
 KNN = 5
-
-
-def confident_pseudo_labels(
-    scores: np.ndarray, classes: np.ndarray, per_class: Mapping
-) -> tuple[np.ndarray, np.ndarray]:
-    """The most confident predictions of each class: ``(rows, labels)``.
-
-    A row's prediction is its highest-scoring class and its confidence the margin of that
-    score over the second highest. For each class ``c`` of ``per_class`` the (at most)
-    ``per_class[c]`` rows predicted as ``c`` with the largest margins are kept (ties to the
-    lower row), so a self-training step adds to each class as many pseudo-labelled samples
-    as asked, never samples predicted as another class. Rows are returned in ascending order.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.ndim != 2 or scores.shape[1] != len(classes) or len(classes) < 2:
-        raise ValueError(
-            f"scores must be (samples, classes) with one column per class of {len(classes)} "
-            f"(at least 2), got shape {scores.shape}; pass the multiclass decision scores."
-        )
-    top2 = np.sort(scores, axis=1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    pred = scores.argmax(axis=1)
-    rows = []
-    for c, k in per_class.items():
-        (cand,) = np.nonzero(pred == np.searchsorted(classes, c))
-        rows.append(cand[np.argsort(-margin[cand], kind="stable")[: int(k)]])
-    rows = np.sort(np.concatenate(rows)) if rows else np.zeros(0, int)
-    return rows, np.asarray(classes)[pred[rows]]
 
 
 def split_rows(ys_all, yt_all, source, target, k, seed, n_lab):
@@ -443,11 +415,11 @@ def fold_trained(prob, train: np.ndarray):
     )  # fmt: skip
 
 
-def fold_scores(choice, yt):
+def fold_scores(choice, pool, ys, yt):
     """The pick's fold fits (the rule's CV, same folds) scoring the split's scored rows,
-    their raw decision scores averaged: the pseudo-labeller of STF, at no extra fit (the
-    product's CV fits would score these rows as they score the held-out ones)."""
-    prob = choice.problem
+    their raw decision scores averaged: STF's pseudo-labeller, refitted here as a reference
+    for the product (whose CV fits score these rows in the same fits as the held-out ones)."""
+    prob = pool.problem(ys, yt, None if choice.prior_map is None else choice.prior_map.blocks(pool))
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(prob.Ktt))
     idx = np.arange(len(yt))
     fits = [
@@ -492,10 +464,12 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     for m in ("source_svm", "target_svm"):
         rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
     t0 = time.perf_counter()
-    res, choice = fit_predict_auto(pool, ys, yt)
+    product, choice = fit_predict_auto(pool, ys, yt)  # the product's rule: STF since its adoption
+    res = refit(choice.pick, pool, ys, yt, choice.prior_map)  # auto-2026-11-26: same pick
     rec["wall_s"]["frozen rule"] = time.perf_counter() - t0
-    cost = res.info["n_fits"]
+    cost = product.info["n_fits"]
     rec.update(pick=CANDIDATES_AUTO[choice.pick].label, auto=choice.record())
+    rec["acc_product"] = float(np.mean(product.y_pred == yq))
     rec["acc"]["frozen rule"], rec["cost"]["frozen rule"] = float(np.mean(res.y_pred == yq)), cost
     for name, times in (("ST", 1), ("ST2", 2)):
         t0 = time.perf_counter()
@@ -506,7 +480,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
         rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
     if choice.n_folds and "STF" in wanted:
         t0 = time.perf_counter()
-        scores, classes = fold_scores(choice, yt)
+        scores, classes = fold_scores(choice, pool, ys, yt)
         grown, yt2, rows, labels = pseudo_labelled(pool, ys, yt, scores, classes, 1)
         r = refit(choice.pick, grown, ys, yt2, choice.prior_map)
         rec["wall_s"]["STF"] = rec["wall_s"]["frozen rule"] + time.perf_counter() - t0
@@ -524,7 +498,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     n_classes, learn = len(np.unique(np.r_[ys, yt])), np.ones(pool.Kyy.shape[0], bool)
     maps = {
         c: choice.prior_map if c == choice.pick else
-        candidate_problem(pool, base, pca_dim(c, n_classes, len(learn)), learn)[1]
+        candidate_map(pool, pca_dim(c, n_classes, len(learn)), learn)
         for c in ENSEMBLE
     }  # fmt: skip
     fits = [res if c == choice.pick else refit(c, pool, ys, yt, maps[c]) for c in ENSEMBLE]

@@ -1,11 +1,14 @@
 """``select="auto"``: the frozen selection rule of ``core/auto.py``.
 
-The rule was frozen on the dev splits of ``benchmarks/bench_rule_dev.py`` (seed 2027) and
-its picks and accuracies recorded in ``benchmarks/results/rule_dev_frozen.json`` by the
-benchmark-side prototype. The reproduction tests rebuild three of those Office-Caltech10
-SURF splits here (bundled data; the split generator is the benchmark's, re-typed) and
-check the product's pick, test accuracy and held-out hinge losses against the recorded
-values: one split per branch of the rule (F without folds, S and T moved to by the guard).
+The rule was frozen on the dev splits of ``benchmarks/bench_rule_dev.py`` (seed 2027): its
+picks and held-out hinge losses in ``benchmarks/results/rule_dev_frozen.json``, and the
+accuracies of its self-training version (STF) in ``rule_dev_variants_stf.json``, computed
+there by refitting the pick's fold fits to score the unlabelled targets (the product
+scores them in the CV's own fits). The reproduction tests rebuild three of those
+Office-Caltech10 SURF splits here (bundled data; the split generator is the benchmark's,
+re-typed) and check the product's pick, test accuracy and held-out hinge losses against
+the recorded values: one split per branch of the rule (F without folds, S and T moved to
+by the guard).
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ from mmdtl2_dist.core.auto import (
     AUTO_RULE,
     CANDIDATES,
     LowRankMap,
+    confident_pseudo_labels,
     fit_predict_auto,
     guarded_pick,
     paired_gain,
     rule_params,
     select_auto,
 )
+from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.selection import canonical_order, cv_folds
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain
 from mmdtl2_dist.estimators import MMDTL2
 
@@ -37,7 +43,7 @@ RECORDED = {
         {"D": 0.7457993499288251, "T": 0.9145240616847672, "S": 0.6364428942891064},
     ),
     ("amazon", "dslr", 2, 3): (
-        "T", 0.5748031496062992,
+        "T", 0.6062992125984252,
         {"D": 0.9136731610585155, "T": 0.8857878943685834, "S": 1.093538026136547},
     ),
 }  # fmt: skip
@@ -79,6 +85,51 @@ def test_auto_reproduces_recorded_dev_picks(split):
     rec = res.info["auto"]
     assert rec["rule"] == AUTO_RULE and rec["pool_size"] == pool.Kyy.shape[0]
     assert res.info["n_fits"] == (1 if pick == "F" else 10)
+    # self-training where folds validated the pick: 3 unlabelled targets per class join
+    assert rec["pseudo_labelled"] == (0 if pick == "F" else 30)
+    assert rec["unlabelled"] == (0 if pick == "F" else len(yq))
+
+
+def test_self_training_labels_the_most_confident_unlabelled_targets_of_the_fold_fits():
+    """The final fit's targets: the labelled ones, then per class as many unlabelled ones
+    as it has labelled, chosen by the pick's fold fits (refitted here on the same folds)."""
+    pool, ys, yt, yq = dev_split("amazon", "dslr", 2, 3)
+    choice = select_auto(pool, ys, yt)
+    prob = pool.problem(ys, yt, None if choice.prior_map is None else choice.prior_map.blocks(pool))
+    folds = cv_folds(yt, 3, "per_class", order=canonical_order(prob.Ktt))
+    scores = []
+    for held in folds:
+        train = np.setdiff1d(np.arange(len(yt)), held)
+        fold_pool = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train,
+                               pool.target_train[train], pool.target_test)  # fmt: skip
+        fold = fold_pool.problem(ys, yt[train], None if choice.prior_map is None else
+                                 choice.prior_map.blocks(fold_pool))  # fmt: skip
+        scores.append(fit_predict("mmdtl2", choice.params, fold).scores)
+    rows, labels = confident_pseudo_labels(
+        np.mean(scores, axis=0), np.unique(yt), {c: 3 for c in np.unique(yt)}
+    )
+    np.testing.assert_array_equal(choice.pseudo_rows, pool.target_test[rows])
+    np.testing.assert_array_equal(choice.pseudo_labels, labels)
+    np.testing.assert_array_equal(choice.problem.yt, np.r_[yt, labels])
+    assert np.sum(labels == yq[rows]) == 26  # right on this split: 26 of 30 (a diagnostic)
+
+
+def test_self_training_labels_only_what_the_rule_may_learn_from():
+    """Rows outside ``learn`` (inductive test samples) are scored, never pseudo-labelled;
+    without unlabelled targets the final fit is the pick on the labelled targets alone."""
+    pool, ys, yt, _ = dev_split("amazon", "dslr", 2, 3)
+    ns = pool.Kss.shape[0]
+    learn = np.ones(pool.Kyy.shape[0], bool)
+    learn[ns + pool.target_test[::2]] = False  # every other test sample: scored only
+    choice = select_auto(pool, ys, yt, learn=learn)
+    assert choice.n_unlabelled == len(pool.target_test[1::2])
+    assert set(choice.pseudo_rows) <= set(pool.target_test[1::2])
+    learn[ns + pool.target_test] = False  # no unlabelled target at all
+    res, choice = fit_predict_auto(pool, ys, yt, learn=learn)
+    assert len(choice.pseudo_rows) == 0 and res.info["auto"]["pseudo_labelled"] == 0
+    plain = fit_predict("mmdtl2", choice.params, pool.problem(ys, yt, None if choice.prior_map
+                        is None else choice.prior_map.blocks(pool)))  # fmt: skip
+    np.testing.assert_allclose(res.scores, plain.scores, rtol=1e-10, atol=1e-10)
 
 
 def test_guard_needs_gain_above_its_standard_error():

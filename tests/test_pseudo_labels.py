@@ -1,21 +1,9 @@
-"""Confident pseudo-labels of the self-training study (``benchmarks/bench_rule_dev.py``).
-
-The function lives with the study, not in the package: no rule of the product uses it.
-"""
-
-import importlib.util
-import sys
-from pathlib import Path
+"""Confident pseudo-labels of ``select="auto"``'s self-training (``core/auto.py``)."""
 
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))  # the script imports its sibling modules
-_spec = importlib.util.spec_from_file_location("bench_rule_dev", BENCH / "bench_rule_dev.py")
-_bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_bench)
-confident_pseudo_labels = _bench.confident_pseudo_labels
+from mmdtl2_dist.core.auto import confident_pseudo_labels
 
 
 def test_keeps_the_largest_margins_per_predicted_class():

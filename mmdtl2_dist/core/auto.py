@@ -29,8 +29,19 @@ every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, T and S 
 on every fold and each held-out sample gets its multiclass hinge loss ``h``. For each
 alternative ``a`` in (T, S): ``g_a`` = mean over held-out samples of ``h_D − h_a``,
 ``se_a`` = their standard deviation (``ddof=1``) / √(number held out). If some
-``g_a > se_a``, the alternative with the larger ``g_a`` (T on a tie); otherwise D. The
-pick is then refitted on all the labelled targets: ``3·min(n, 3) + 1`` fits at most.
+``g_a > se_a``, the alternative with the larger ``g_a`` (T on a tie); otherwise D.
+
+**Self-training from the fold fits.** The **unlabelled targets** are the pool's target
+rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
+them (in the same fit as its held-out samples); the pick's raw multiclass decision scores
+are averaged over its folds (one SVM objective with ``c_f = 1`` for every fold, so a score
+is a functional margin in the same units). Per class, as many unlabelled targets as the
+class has labelled ones, those predicted as that class with the largest margin of the top
+score over the second (:func:`confident_pseudo_labels`), join the labelled targets with
+that label, and the pick is fitted once on them: ``3·min(n, 3) + 1`` fits at most, 10.
+Without folds (F) or unlabelled targets the final fit uses the labelled targets alone.
+Designed on dev data and confirmed on a new split set (BENCHMARKS.md, "Self-training from
+the rule's fold fits (STF)"); the rule without it was version ``auto-2026-11-26``.
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here, not parameters.
@@ -40,7 +51,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -49,7 +60,7 @@ from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
 from mmdtl2_dist.core.priors import PoolMap, SamplePool
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 
-AUTO_RULE = "auto-2026-11-26"
+AUTO_RULE = "auto-2026-11-26-stf"
 MAX_FOLDS = 3
 RULE_KEYS = ("prior", "prior_weight", "c_f")  # what the rule chooses; the caller sets the rest
 
@@ -86,8 +97,10 @@ class AutoChoice:
     to fit it with; ``pca_dim`` and ``prior_map`` (the shared-PCA map over the pool, as
     :class:`~mmdtl2_dist.core.priors.PoolMap`) are set for a shared-PCA pick. ``table``
     has one row per fitted candidate (mean held-out hinge loss, gain over D and its
-    standard error). ``problem`` is the split's :class:`GramProblem` with the pick's prior
-    blocks, ready for the final fit.
+    standard error). ``problem`` is the split's :class:`GramProblem` for the final fit: the
+    pick's prior blocks, and as labelled targets the labelled ones followed by the
+    ``pseudo_rows`` (target pool rows) with their ``pseudo_labels``; ``n_unlabelled`` is
+    the number of unlabelled target rows self-training chose from.
     """
 
     pick: str
@@ -99,6 +112,9 @@ class AutoChoice:
     n_per_class: int
     pool_size: int
     problem: GramProblem = field(repr=False)
+    pseudo_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, int), repr=False)
+    pseudo_labels: np.ndarray = field(default_factory=lambda: np.zeros(0, int), repr=False)
+    n_unlabelled: int = 0
     rule: str = AUTO_RULE
 
     def record(self) -> dict:
@@ -112,6 +128,8 @@ class AutoChoice:
             "n_folds": self.n_folds,
             "n_per_class": self.n_per_class,
             "pool_size": self.pool_size,
+            "unlabelled": self.n_unlabelled,
+            "pseudo_labelled": len(self.pseudo_rows),
             "table": self.table,
         }
 
@@ -133,33 +151,108 @@ def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
     return None if k is None else min(k * n_classes, pool_size - 1)
 
 
-def candidate_problem(pool: SamplePool, base: GramProblem, d: int | None, learn: np.ndarray):
-    """The split's problem with the shared-PCA prior of dimension ``d`` (or ``base``).
+def candidate_map(pool: SamplePool, d: int | None, learn: np.ndarray) -> PoolMap | None:
+    """The shared-PCA map of dimension ``d`` over the pool rows ``learn`` (None if no ``d``).
 
-    The PCA is over the pool rows ``learn`` (a mask of ``pool.Kyy``'s rows); the other
-    rows (samples scored but not learnt from) get zero coefficients, so the map is the
-    projection on the learnt subspace for every sample. ``d`` is lowered to the rank of
-    the centred learnt rows when they span fewer dimensions (features of fewer than ``d``
-    dimensions; never on the dev data).
+    ``learn`` is a mask of ``pool.Kyy``'s rows; the other rows (samples scored but not
+    learnt from) get zero coefficients, so the map is the projection on the learnt
+    subspace for every sample. ``d`` is lowered to the rank of the centred learnt rows
+    when they span fewer dimensions (features of fewer than ``d`` dimensions; never on
+    the dev data).
     """
     if d is None:
-        return base, None
+        return None
     Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
     basis = pca_basis(Kyy, d, what="pool samples", up_to=True)
     A = np.zeros((len(learn), basis.A.shape[1]))
     A[learn] = basis.A
-    pmap = PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
-    return pool.problem(base.ys, base.yt, pmap.blocks(pool)), pmap
+    return PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
 
 
-def held_out_hinge(params: Mapping, prob: GramProblem, folds) -> np.ndarray:
-    """Multiclass hinge loss of every held-out sample, folds in order."""
-    idx = np.arange(len(prob.yt))
-    out = []
+def pool_problem(pool: SamplePool, ys, yt, pmap: PoolMap | None) -> GramProblem:
+    """The split's problem on ``pool``'s rows, with the blocks of the prior map ``pmap``."""
+    return pool.problem(ys, yt, None if pmap is None else pmap.blocks(pool))
+
+
+def fold_fits(params: Mapping, prob: GramProblem, unl: GramProblem, folds):
+    """The CV's fits: held-out hinge losses, and fold-averaged scores of the unlabelled.
+
+    Returns every held-out sample's multiclass hinge loss (folds in order), the fold fits'
+    decision scores on ``unl``'s scored rows (the unlabelled targets) averaged over the
+    folds (``None`` if there are none), and the classes. Each fold is one fit that scores
+    its held-out rows and the unlabelled rows together.
+    """
+    idx, hinge, scores = np.arange(len(prob.yt)), [], []
     for held in folds:
-        res = fit_predict("mmdtl2", params, sub_problem(prob, np.setdiff1d(idx, held), held))
-        out.append(multiclass_hinge(res.scores, res.classes, prob.yt[held]))
-    return np.concatenate(out)
+        fold = sub_problem(prob, np.setdiff1d(idx, held), held)
+        res = fit_predict("mmdtl2", params, also_scoring(fold, unl, np.setdiff1d(idx, held)))
+        hinge.append(multiclass_hinge(res.scores[: len(held)], res.classes, prob.yt[held]))
+        scores.append(res.scores[len(held) :])
+    mean = np.mean(scores, axis=0) if len(unl.sq_q) else None
+    return np.concatenate(hinge), mean, res.classes
+
+
+def also_scoring(fold: GramProblem, unl: GramProblem, train: np.ndarray) -> GramProblem:
+    """``fold`` also scoring ``unl``'s scored rows, after its own held-out rows.
+
+    ``fold`` has the split's labelled targets ``train``; ``unl`` is the same split and
+    prior with every labelled target.
+    """
+    if not len(unl.sq_q):
+        return fold
+    cat = lambda a, b: None if a is None else np.hstack([a, b])  # noqa: E731
+    return replace(
+        fold, Ktq=np.hstack([fold.Ktq, unl.Ktq[train]]), sq_q=np.r_[fold.sq_q, unl.sq_q],
+        Ksq=cat(fold.Ksq, unl.Ksq), Ksuq=cat(fold.Ksuq, unl.Ksuq),
+        Kuuq=None if fold.Kuuq is None else np.hstack([fold.Kuuq, unl.Kuuq[train]]), Kqq=None,
+    )  # fmt: skip
+
+
+def unlabelled_rows(pool: SamplePool, learn: np.ndarray) -> np.ndarray:
+    """Target pool rows the rule may learn from that are not labelled (self-training's)."""
+    mask = np.asarray(learn, bool)[pool.Kss.shape[0] :].copy()
+    mask[pool.target_train] = False
+    return np.flatnonzero(mask)
+
+
+def self_training_pool(pool: SamplePool, yt, unl: np.ndarray, scores, classes):
+    """The pool and labels grown by confidently pseudo-labelled unlabelled rows.
+
+    Per class as many rows as the class has labelled targets
+    (:func:`confident_pseudo_labels`); also returns the rows added (target pool rows).
+    """
+    per_class = dict(zip(*np.unique(yt, return_counts=True), strict=True))
+    rows, labels = confident_pseudo_labels(scores, classes, per_class)
+    grown = replace(pool, target_train=np.r_[pool.target_train, unl[rows]])
+    return grown, np.r_[yt, labels], unl[rows]
+
+
+def confident_pseudo_labels(
+    scores: np.ndarray, classes: np.ndarray, per_class: Mapping
+) -> tuple[np.ndarray, np.ndarray]:
+    """The most confident predictions of each class: ``(rows, labels)``.
+
+    A row's prediction is its highest-scoring class and its confidence the margin of that
+    score over the second highest. For each class ``c`` of ``per_class`` the (at most)
+    ``per_class[c]`` rows predicted as ``c`` with the largest margins are kept (ties to the
+    lower row), so a self-training step adds to each class as many pseudo-labelled samples
+    as asked, never samples predicted as another class. Rows are returned in ascending order.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 2 or scores.shape[1] != len(classes) or len(classes) < 2:
+        raise ValueError(
+            f"scores must be (samples, classes) with one column per class of {len(classes)} "
+            f"(at least 2), got shape {scores.shape}; pass the multiclass decision scores."
+        )
+    top2 = np.sort(scores, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    pred = scores.argmax(axis=1)
+    rows = []
+    for c, k in per_class.items():
+        (cand,) = np.nonzero(pred == np.searchsorted(classes, c))
+        rows.append(cand[np.argsort(-margin[cand], kind="stable")[: int(k)]])
+    rows = np.sort(np.concatenate(rows)) if rows else np.zeros(0, int)
+    return rows, np.asarray(classes)[pred[rows]]
 
 
 def paired_gain(h_default: np.ndarray, h_alt: np.ndarray) -> tuple[float, float]:
@@ -215,13 +308,21 @@ def select_auto(
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
     n_min = int(min(np.unique(yt, return_counts=True)[1]))
     names = [DEFAULT, *ALTERNATIVES] if folds else [NO_FOLDS]
-    probs, maps, dims, hinge = {}, {}, {}, {}
+    unl = unlabelled_rows(pool, learn) if folds else np.zeros(0, int)
+    unl_pool = replace(pool, target_test=unl)
+    maps, dims, hinge, scores = {}, {}, {}, {}
     for c in names:
-        probs[c], maps[c] = candidate_problem(pool, base, pca_dim(c, n_classes, p), learn)
+        maps[c] = candidate_map(pool, pca_dim(c, n_classes, p), learn)
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
-            hinge[c] = held_out_hinge(rule_params(c, params), probs[c], folds)
+            hinge[c], scores[c], classes = fold_fits(
+                rule_params(c, params), pool_problem(pool, ys, yt, maps[c]),
+                pool_problem(unl_pool, ys, yt, maps[c]), folds,
+            )  # fmt: skip
     pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
+    fit_pool, fit_yt, pseudo = pool, yt, np.zeros(0, int)
+    if scores.get(pick) is not None:
+        fit_pool, fit_yt, pseudo = self_training_pool(pool, yt, unl, scores[pick], classes)
     table = [
         {
             "candidate": c,
@@ -236,14 +337,14 @@ def select_auto(
     ]
     return AutoChoice(
         pick, rule_params(pick, params), dims[pick], maps[pick], table, len(folds), n_min, p,
-        probs[pick],
+        pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, fit_yt[len(yt) :], len(unl),
     )  # fmt: skip
 
 
 def fit_predict_auto(
     pool: SamplePool, ys, yt, params: Mapping | None = None, *, learn: np.ndarray | None = None
 ) -> tuple[MethodResult, AutoChoice]:
-    """:func:`select_auto`, then the pick refitted on all the labelled targets.
+    """:func:`select_auto`, then the pick fitted on the labelled and pseudo-labelled targets.
 
     Scores the pool's ``target_test`` rows; ``info["auto"]`` holds
     :meth:`AutoChoice.record`, ``info["select_s"]`` the wall time of the selection and
@@ -310,7 +411,9 @@ def feature_pool(Xs: np.ndarray, Xt: np.ndarray, Xu: np.ndarray | None) -> Sampl
 def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None):
     """:func:`select_auto` on preprocessed features, and the pick's prior in feature form.
 
-    Returns ``(choice, W0)``: ``W0`` is ``None`` for an identity-prior pick (T, S) and the
+    Returns ``(choice, W0)``: ``choice.pseudo_rows − len(Xt)`` are the rows of ``Xu``
+    self-training labelled (``choice.pseudo_labels``); ``W0`` is ``None`` for an
+    identity-prior pick (T, S) and the
     shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
     ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
     :func:`~mmdtl2_dist.core.gram_pca.pca_basis`), so that the feature-form fit equals the
@@ -323,7 +426,7 @@ def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None)
             "use select=None with prior='zero' or prior='matrix' and a map W0."
         )
     pool = feature_pool(Xs, Xt, Xu)
-    choice = select_auto(pool, ys, yt, params)
+    choice = select_auto(pool, ys, yt, params)  # pseudo_rows: len(Xt) + rows of Xu
     if choice.prior_map is None:
         return choice, None
     parts = [Xs, Xt] + ([] if Xu is None or len(Xu) == 0 else [Xu])

@@ -163,14 +163,18 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.selection_ = self.auto_ = None
         params = self.get_params(deep=False)
         if self.select == "auto":
-            params = self._select_auto(Xs_p, ys, Xt_p, yt, Xu_p, params)
+            params, Xt_p, yt = self._select_auto(Xs_p, ys, Xt_p, yt, Xu_p, params)
         elif self.select:
             params = self._select(Xs_p, ys, Xt_p, yt, params)
         self._fit_chosen(Xs_p, ys, Xt_p, yt, params)
         return self
 
     def _select_auto(self, Xs, ys, Xt, yt, Xu, base):
-        """The frozen rule (:mod:`mmdtl2_dist.core.auto`) on the preprocessed features."""
+        """The frozen rule (:mod:`mmdtl2_dist.core.auto`) on the preprocessed features.
+
+        Returns the parameters and the targets to fit: the labelled ones, then those the
+        rule pseudo-labelled.
+        """
         from mmdtl2_dist.core.auto import RULE_KEYS, select_auto_features
 
         if base["W0"] is not None:
@@ -183,7 +187,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.auto_ = choice.record()
         self.selection_ = choice.table
         self.selected_params_ = {**self.auto_["params"], "pca_dim": choice.pca_dim}
-        return {**base, **choice.params, "W0": W0}
+        added = choice.pseudo_rows - len(Xt)  # rows of Xu
+        Xt_fit = np.vstack([Xt, Xu[added]]) if len(added) else Xt
+        return {**base, **choice.params, "W0": W0}, Xt_fit, np.r_[yt, choice.pseudo_labels]
 
     def _select(self, Xs, ys, Xt, yt, base):
         """The candidate of ``select`` that cross-validates best (:func:`core.evaluate.choose`)."""
