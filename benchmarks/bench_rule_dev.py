@@ -7,6 +7,7 @@
     python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants           # extensions
     python benchmarks/bench_rule_dev.py --data DIR --datasets surf --labels 3 --splits 20 \
         --set fresh2 --variants                                                     # confirmation
+    python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants STF       # STF only
     python benchmarks/bench_rule_dev.py --variant-tables benchmarks/results/rule_dev_variants.json
 
 Two phases in one script, so the rule is judged on the same records it was chosen from:
@@ -27,7 +28,8 @@ Two phases in one script, so the rule is judged on the same records it was chose
 Split sets: ``dev`` (seed 2027, the development set of ``benchmarks/bench_selection.py``,
 extended to other label budgets: the same source rows, ``n`` labelled target rows per
 class drawn by the same generator), ``fresh`` (seed 2026, kept for the confirmation of
-the frozen rule) and ``fresh2`` (seed 2029, for the confirmation of its extensions).
+the frozen rule), ``fresh2`` (seed 2029, for the confirmation of its extensions) and
+``fresh3`` (seed 2030, for the confirmation of STF, self-training from the fold fits).
 Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
@@ -436,7 +438,12 @@ def averaged(results):
 
 
 def collect_variants(job, data_dir, seed, wanted=VARIANTS):
-    """The frozen rule (run by the product) and its variants on one split.
+    """The frozen rule ``auto-2026-11-26`` and its variants on one split.
+
+    The product's rule (``fit_predict_auto``, since STF's adoption ``auto-2026-11-26-stf``)
+    gives the pick; the frozen rule is that pick refitted on the labelled targets, as the
+    version without self-training ran it (the CV is the same), and ``acc_product`` the
+    product's accuracy (equal to STF's).
 
     - **ST** / **ST2**: the frozen rule's pick refitted with the pseudo-labelled scored
       targets added (1× / 2× each class's labelled count, largest margins of the pick's
