@@ -75,6 +75,7 @@ from mmdtl2_dist.core.auto import (
     confident_pseudo_labels,
     fit_predict_auto,
     pca_dim,
+    pool_problem,
     rule_params,
 )
 from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
@@ -394,8 +395,7 @@ def with_pseudo_labels(pool: SamplePool, yt, rows, labels):
 def refit(cand: str, pool: SamplePool, ys, yt, pmap):
     """Candidate ``cand`` of the frozen rule fitted on the pool's labelled targets, with
     its shared-PCA map ``pmap`` (None for the identity-prior candidates)."""
-    prob = pool.problem(ys, yt, None if pmap is None else pmap.blocks(pool))
-    return fit_predict("mmdtl2", rule_params(cand, None), prob)
+    return fit_predict("mmdtl2", rule_params(cand, None), pool_problem(pool, ys, yt, pmap))
 
 
 def pseudo_labelled(pool: SamplePool, ys, yt, scores, classes, times: int):
@@ -421,7 +421,7 @@ def fold_scores(choice, pool, ys, yt):
     """The pick's fold fits (the rule's CV, same folds) scoring the split's scored rows,
     their raw decision scores averaged: STF's pseudo-labeller, refitted here as a reference
     for the product (whose CV fits score these rows in the same fits as the held-out ones)."""
-    prob = pool.problem(ys, yt, None if choice.prior_map is None else choice.prior_map.blocks(pool))
+    prob = pool_problem(pool, ys, yt, choice.prior_map)
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(prob.Ktt))
     idx = np.arange(len(yt))
     fits = [

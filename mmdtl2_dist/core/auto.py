@@ -100,7 +100,8 @@ class AutoChoice:
     standard error). ``problem`` is the split's :class:`GramProblem` for the final fit: the
     pick's prior blocks, and as labelled targets the labelled ones followed by the
     ``pseudo_rows`` (target pool rows) with their ``pseudo_labels``; ``n_unlabelled`` is
-    the number of unlabelled target rows self-training chose from.
+    the number of unlabelled target rows the rule could learn from (self-training chooses
+    among them when folds exist).
     """
 
     pick: str
@@ -169,9 +170,12 @@ def candidate_map(pool: SamplePool, d: int | None, learn: np.ndarray) -> PoolMap
     return PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
 
 
-def pool_problem(pool: SamplePool, ys, yt, pmap: PoolMap | None) -> GramProblem:
+def pool_problem(
+    pool: SamplePool, ys, yt, pmap: PoolMap | None, *, test_gram: bool = True
+) -> GramProblem:
     """The split's problem on ``pool``'s rows, with the blocks of the prior map ``pmap``."""
-    return pool.problem(ys, yt, None if pmap is None else pmap.blocks(pool))
+    blocks = None if pmap is None else pmap.blocks(pool)
+    return pool.problem(ys, yt, blocks, test_gram=test_gram)
 
 
 def fold_fits(params: Mapping, prob: GramProblem, unl: GramProblem, folds):
@@ -184,8 +188,9 @@ def fold_fits(params: Mapping, prob: GramProblem, unl: GramProblem, folds):
     """
     idx, hinge, scores = np.arange(len(prob.yt)), [], []
     for held in folds:
-        fold = sub_problem(prob, np.setdiff1d(idx, held), held)
-        res = fit_predict("mmdtl2", params, also_scoring(fold, unl, np.setdiff1d(idx, held)))
+        train = np.setdiff1d(idx, held)
+        fold = also_scoring(sub_problem(prob, train, held), unl, train)
+        res = fit_predict("mmdtl2", params, fold)
         hinge.append(multiclass_hinge(res.scores[: len(held)], res.classes, prob.yt[held]))
         scores.append(res.scores[len(held) :])
     mean = np.mean(scores, axis=0) if len(unl.sq_q) else None
@@ -219,12 +224,13 @@ def self_training_pool(pool: SamplePool, yt, unl: np.ndarray, scores, classes):
     """The pool and labels grown by confidently pseudo-labelled unlabelled rows.
 
     Per class as many rows as the class has labelled targets
-    (:func:`confident_pseudo_labels`); also returns the rows added (target pool rows).
+    (:func:`confident_pseudo_labels`); also returns the rows added (target pool rows) and
+    their labels.
     """
     per_class = dict(zip(*np.unique(yt, return_counts=True), strict=True))
     rows, labels = confident_pseudo_labels(scores, classes, per_class)
-    grown = replace(pool, target_train=np.r_[pool.target_train, unl[rows]])
-    return grown, np.r_[yt, labels], unl[rows]
+    grown = pool.with_rows(target_train=np.r_[pool.target_train, unl[rows]])
+    return grown, np.r_[yt, labels], unl[rows], labels
 
 
 def confident_pseudo_labels(
@@ -296,7 +302,6 @@ def select_auto(
         raise ValueError(
             "select='auto' needs labelled target samples; got none (use SourceSVM without them)."
         )
-    base = pool.problem(ys, yt)
     n_classes = len(np.unique(np.r_[ys, yt]))
     learn = np.ones(pool.Kyy.shape[0], bool) if learn is None else np.asarray(learn, bool)
     if learn.shape != (pool.Kyy.shape[0],):
@@ -305,24 +310,25 @@ def select_auto(
             f"{learn.shape}."
         )
     p = int(learn.sum())
-    folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
+    lab = pool.target_train
+    folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(pool.Ktt[np.ix_(lab, lab)]))
     n_min = int(min(np.unique(yt, return_counts=True)[1]))
     names = [DEFAULT, *ALTERNATIVES] if folds else [NO_FOLDS]
-    unl = unlabelled_rows(pool, learn) if folds else np.zeros(0, int)
-    unl_pool = replace(pool, target_test=unl)
+    unl = unlabelled_rows(pool, learn)
+    unl_pool = pool.with_rows(target_test=unl if folds else unl[:0])
     maps, dims, hinge, scores = {}, {}, {}, {}
     for c in names:
         maps[c] = candidate_map(pool, pca_dim(c, n_classes, p), learn)
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
             hinge[c], scores[c], classes = fold_fits(
-                rule_params(c, params), pool_problem(pool, ys, yt, maps[c]),
-                pool_problem(unl_pool, ys, yt, maps[c]), folds,
+                rule_params(c, params), pool_problem(pool, ys, yt, maps[c], test_gram=False),
+                pool_problem(unl_pool, ys, yt, maps[c], test_gram=False), folds,
             )  # fmt: skip
     pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
-    fit_pool, fit_yt, pseudo = pool, yt, np.zeros(0, int)
+    fit_pool, fit_yt, pseudo, labels = pool, yt, np.zeros(0, int), yt[:0]
     if scores.get(pick) is not None:
-        fit_pool, fit_yt, pseudo = self_training_pool(pool, yt, unl, scores[pick], classes)
+        fit_pool, fit_yt, pseudo, labels = self_training_pool(pool, yt, unl, scores[pick], classes)
     table = [
         {
             "candidate": c,
@@ -337,7 +343,7 @@ def select_auto(
     ]
     return AutoChoice(
         pick, rule_params(pick, params), dims[pick], maps[pick], table, len(folds), n_min, p,
-        pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, fit_yt[len(yt) :], len(unl),
+        pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, labels, len(unl),
     )  # fmt: skip
 
 

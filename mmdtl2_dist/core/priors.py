@@ -153,7 +153,7 @@ matrices in feature space (``tests/test_priors.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -232,8 +232,25 @@ class SamplePool:
                     f"SamplePool.{name} must be a 1-d array of row indices in 0..{n - 1}."
                 )
 
-    def problem(self, ys, yt, prior: PriorBlocks | None = None) -> GramProblem:
-        """The :class:`GramProblem` of the split, with the prior's blocks if given."""
+    def with_rows(self, **rows) -> SamplePool:
+        """The same pool with other ``source_train``/``target_train``/``target_test`` rows.
+
+        Shares the whole pool's Gram :attr:`Kyy` once formed (``p × p``: formed once per
+        pool, not once per view of it).
+        """
+        view = replace(self, **rows)
+        if "Kyy" in self.__dict__:
+            view.__dict__["Kyy"] = self.__dict__["Kyy"]
+        return view
+
+    def problem(
+        self, ys, yt, prior: PriorBlocks | None = None, *, test_gram: bool = True
+    ) -> GramProblem:
+        """The :class:`GramProblem` of the split, with the prior's blocks if given.
+
+        ``test_gram=False`` leaves out the test × test block ``Kqq`` (only ``mmdt_hoffman``
+        reads it; ``Q × Q`` for ``Q`` scored rows).
+        """
         s, lab, q = self.source_train, self.target_train, self.target_test
         return GramProblem(
             ys=np.asarray(ys),
@@ -244,7 +261,7 @@ class SamplePool:
             sq_q=np.diag(self.Ktt)[q].copy(),
             Kst=self.Kst[np.ix_(s, lab)],
             Ksq=self.Kst[np.ix_(s, q)],
-            Kqq=self.Ktt[np.ix_(q, q)],
+            Kqq=self.Ktt[np.ix_(q, q)] if test_gram else None,
             **({} if prior is None else prior.as_dict()),
         )
 
