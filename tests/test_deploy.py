@@ -276,6 +276,9 @@ def test_register_default_is_the_auto_rule_with_the_unlabelled_targets(tmp_path)
         Xt_unlabelled=Xt[39:],
     )  # fmt: skip
     assert json.loads(tags["auto_choice"])["pick"] == est.auto_["pick"]
+    # 13 labels per class and 6 unlabelled samples: each joins the fit with its pseudo-label
+    assert tags["auto_pseudo_labelled"] == str(est.auto_["pseudo_labelled"]) == "6"
+    assert "6 unlabelled target samples self-trained into the fit" in mv.description
     X = target_samples(study)
     with use_tracking_uri(uri):
         pred = mlflow.pyfunc.load_model("models:/auto@champion").predict(X)

@@ -220,6 +220,7 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
         tags["auto_rule"] = fitted.auto["rule"]
         tags["auto_choice"] = {k: fitted.auto[k] for k in ("pick", "label", "params", "pca_dim")}
         tags["auto_pool_size"] = str(fitted.auto["pool_size"])
+        tags["auto_pseudo_labelled"] = str(fitted.auto["pseudo_labelled"])
     for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):
         v = getattr(cfg, key)
         if v is not None:
@@ -247,7 +248,9 @@ def version_description(handle, cfg, fitted) -> str:
         a = fitted.auto
         s += (
             f", prior chosen by the rule {a['rule']}: {a['pick']} ({a['label']}, "
-            f"{json.dumps(a['params'], default=str)}) from a pool of {a['pool_size']} samples"
+            f"{json.dumps(a['params'], default=str)}) from a pool of {a['pool_size']} samples, "
+            f"{a['pseudo_labelled']} unlabelled target samples self-trained into the fit with "
+            "the labels the rule's fold fits gave them"
         )
     elif fitted.selected_params:
         s += f", chosen by cross-validation: {json.dumps(fitted.selected_params, default=str)}"

@@ -8,7 +8,8 @@ the study; see :mod:`mmdtl2_dist.core.preprocessing`).
 
 The configuration is, by default, the recommended one: MMDTL2 with ``select="auto"``
 (:mod:`mmdtl2_dist.core.auto`; the rule chooses the prior on the pair's own labelled
-samples, with every target sample of the device, labelled or not, in the prior's pool);
+samples, with every target sample of the device, labelled or not, in the prior's pool,
+and self-trains on the unlabelled ones);
 or the study's best trial by a named metric (its MLflow child runs, found by the study's
 spec fingerprint); or explicit parameters. Only
 methods whose fitted state is an :class:`~mmdtl2_dist.core.adapter.AdapterState` can be
@@ -383,7 +384,8 @@ def fit_adapter(handle: StudyHandle, pair: tuple[str, str], cfg: ChosenConfig) -
     """Fit ``cfg`` on all samples of ``pair`` (see the module docstring).
 
     Target samples labelled -1 in the store are given to the estimator as unlabelled
-    (its target statistics and, with ``select="auto"``, the prior's pool).
+    (its target statistics and, with ``select="auto"``, the prior's pool and the
+    self-training step, which adds some of them with pseudo-labels to the final fit).
     """
     from mmdtl2_dist.store.feature_store import FeatureStore
 

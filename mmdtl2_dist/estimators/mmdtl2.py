@@ -90,8 +90,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     selection_ : list of dict or None
         CV table when ``select`` was given; ``selected_params_`` the chosen set.
     auto_ : dict or None
-        With ``select="auto"``: the rule's version, pick, pool size and table
-        (:meth:`mmdtl2_dist.core.auto.AutoChoice.record`).
+        With ``select="auto"``: the rule's version, pick, pool size, the number of
+        unlabelled targets and of those self-trained into the fit (``pseudo_labelled``),
+        and its table (:meth:`mmdtl2_dist.core.auto.AutoChoice.record`).
     n_unlabelled_target_ : int
         Unlabelled target samples given to ``fit``.
     """
@@ -147,7 +148,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
 
         ``(Xs, ys)`` source and ``(Xt, yt)`` labelled target samples. The unlabelled
         ``Xt_unlabelled`` enter the target device's preprocessing statistics and, with
-        ``select="auto"``, the shared-PCA prior's pool. The feature dimensions of ``Xs``
+        ``select="auto"``, the shared-PCA prior's pool and the self-training step (some
+        join the final fit with pseudo-labels). The feature dimensions of ``Xs``
         and ``Xt`` may differ (except for the identity prior and ``select="auto"``).
         """
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
