@@ -808,3 +808,16 @@ def test_auto_unit_learns_from_the_protocols_pool_only(tmp_path, ray_local, mode
     assert u["auto"]["rule"] == AUTO_RULE and u["auto"]["pick"] == est.auto_["pick"]
     assert u["chosen"]["rule"] == AUTO_RULE
     assert u["accuracy"] == pytest.approx(est.score(Xt[q], pair.y_target[q]), abs=1e-12)
+
+
+def test_an_auto_trials_key_holds_the_rules_version(monkeypatch):
+    """A study resumed under another version of select="auto" runs its trials again;
+    the keys of other methods do not depend on the rule."""
+    import mmdtl2_dist.core.auto as auto
+    from mmdtl2_dist.study.spec import MethodConfig, trial_key
+
+    rule = MethodConfig("MMDTL2 auto", "mmdtl2", {}, "auto", "MMDTL2 auto", {}, "all")
+    plain = MethodConfig("MMDTL2", "mmdtl2", {}, {}, "MMDTL2", {}, None)
+    before = trial_key(rule, 3, "all"), trial_key(plain, 3)
+    monkeypatch.setattr(auto, "AUTO_RULE", "auto-next")
+    assert trial_key(rule, 3, "all") != before[0] and trial_key(plain, 3) == before[1]

@@ -250,11 +250,17 @@ def trial_key(config: MethodConfig, n_per_class: int, unlabelled: str | dict = D
     """A deterministic key of a trial (its MLflow tag and result file name).
 
     The unlabelled pool enters the key only when it is not the default ``"non-test"``,
-    so spelling out the default does not change a study's keys.
+    so spelling out the default does not change a study's keys. A ``select = "auto"``
+    trial's key holds the rule's version, so a study resumed under another version of
+    the rule runs the trial again instead of mixing the two versions' results.
     """
     parts = [config.label, config.method, config.params, config.select, n_per_class]
     if unlabelled != DEFAULT_POOL:
         parts.append(unlabelled)
+    if config.select == "auto":
+        from mmdtl2_dist.core.auto import AUTO_RULE
+
+        parts.append(AUTO_RULE)
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
