@@ -387,9 +387,8 @@ ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targ
 def with_pseudo_labels(pool: SamplePool, yt, rows, labels):
     """The pool with the scored rows ``rows`` (positions in ``target_test``) added to the
     labelled targets with ``labels``; every scored row is still scored."""
-    q = pool.target_test
-    grown = np.r_[pool.target_train, q[rows]]
-    return SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train, grown, q), np.r_[yt, labels]
+    grown = pool.with_rows(target_train=np.r_[pool.target_train, pool.target_test[rows]])
+    return grown, np.r_[yt, labels]
 
 
 def refit(cand: str, pool: SamplePool, ys, yt, pmap):

@@ -417,8 +417,8 @@ def feature_pool(Xs: np.ndarray, Xt: np.ndarray, Xu: np.ndarray | None) -> Sampl
 def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None):
     """:func:`select_auto` on preprocessed features, and the pick's prior in feature form.
 
-    Returns ``(choice, W0)``: ``choice.pseudo_rows − len(Xt)`` are the rows of ``Xu``
-    self-training labelled (``choice.pseudo_labels``); ``W0`` is ``None`` for an
+    Returns ``(choice, W0, added)``: ``added`` are the rows of ``Xu`` self-training
+    labelled (``choice.pseudo_labels``, in order); ``W0`` is ``None`` for an
     identity-prior pick (T, S) and the
     shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
     ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
@@ -432,10 +432,11 @@ def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None)
             "use select=None with prior='zero' or prior='matrix' and a map W0."
         )
     pool = feature_pool(Xs, Xt, Xu)
-    choice = select_auto(pool, ys, yt, params)  # pseudo_rows: len(Xt) + rows of Xu
+    choice = select_auto(pool, ys, yt, params)
+    added = choice.pseudo_rows - len(Xt)  # the pool's target rows: Xt, then Xu
     if choice.prior_map is None:
-        return choice, None
+        return choice, None, added
     parts = [Xs, Xt] + ([] if Xu is None or len(Xu) == 0 else [Xu])
     A, start = choice.prior_map.L, np.cumsum([0] + [len(X) for X in parts])
     P = sum(X.T @ A[a:b] for X, a, b in zip(parts, start[:-1], start[1:], strict=True))
-    return choice, LowRankMap(P, P)
+    return choice, LowRankMap(P, P), added

@@ -185,11 +185,10 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                 "fit the map W0 with select=None and prior='matrix'."
             )
         keys = set(default_params("mmdtl2")) - set(RULE_KEYS)
-        choice, W0 = select_auto_features(Xs, ys, Xt, yt, Xu, {k: base[k] for k in keys})
+        choice, W0, added = select_auto_features(Xs, ys, Xt, yt, Xu, {k: base[k] for k in keys})
         self.auto_ = choice.record()
         self.selection_ = choice.table
         self.selected_params_ = {**self.auto_["params"], "pca_dim": choice.pca_dim}
-        added = choice.pseudo_rows - len(Xt)  # rows of Xu
         Xt_fit = np.vstack([Xt, Xu[added]]) if len(added) else Xt
         return {**base, **choice.params, "W0": W0}, Xt_fit, np.r_[yt, choice.pseudo_labels]
 

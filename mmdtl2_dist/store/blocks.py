@@ -135,7 +135,7 @@ def read_array_block(
             block = arr[r0:r1, c0:c1]
         else:
             nd = default_buffer_prototype().nd_buffer.from_numpy_array(out)
-            block = arr.get_basic_selection((slice(r0, r1), slice(c0, c1)), out=nd)
+            arr.get_basic_selection((slice(r0, r1), slice(c0, c1)), out=nd)
             block = out
     except Exception as exc:  # noqa: BLE001 - translated into a located error below
         bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
