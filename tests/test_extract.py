@@ -415,3 +415,66 @@ def ex_images(paths):
     from mmdtl2_dist.extract.model import decode_image
 
     return [decode_image(p) for p in paths]
+
+
+def test_shard_of_several_batches_with_a_bad_image_equals_batch_by_batch_features(images, tmp_path):
+    """Batches prepared ahead on a second thread give the features, kept rows and bad rows
+    of extracting the same batches one after the other."""
+    from mmdtl2_dist.extract.shards import read_shard, run_shard
+
+    ex = Extractor(ModelSpec.parse("alexnet:conv3"), "random:0", Preprocessing(64, 64))
+    paths = read_images(images).frame["path"].tolist()[:5]
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"not a png")
+    paths = paths[:2] + [str(bad)] + paths[2:]  # batches of 2: [0 1] [bad 2] [3 4]
+    rows = [10, 11, 12, 13, 14, 15]
+    shard = {"file": str(tmp_path / "000000.npz"), "paths": paths, "rows": rows}
+    summary = run_shard(ex, {**shard, "batch_size": 2, "skip_bad": True})
+    assert (summary["n"], summary["kept"], summary["bad"]) == (6, 5, 1)
+    assert read_shard(shard["file"], "kept").tolist() == [10, 11, 13, 14, 15]
+    assert read_shard(shard["file"], "bad_rows").tolist() == [12]
+    good = [p for p in paths if p != str(bad)]
+    batches = [good[:2], good[2:3], good[3:]]  # the same batches, in sequence
+    expected = np.concatenate([ex.features(ex_images(b))["conv3"] for b in batches])
+    np.testing.assert_array_equal(read_shard(shard["file"], "f_conv3"), expected)
+    with pytest.raises(Exception, match="broken.png"):
+        run_shard(
+            ex, {**shard, "file": str(tmp_path / "1.npz"), "batch_size": 2, "skip_bad": False}
+        )
+    assert not (tmp_path / "1.npz").exists()
+
+
+def test_next_batch_is_prepared_while_the_model_runs_on_the_current_one(tmp_path):
+    """The model's pass over batch i waits for batch i + 1's preprocessing to start; it
+    sees it only if batches are prepared ahead on another thread (else the wait times
+    out after 5 s, as it did with the batches prepared in the model's thread)."""
+    import threading
+
+    from mmdtl2_dist.extract.shards import run_shard
+
+    class Recorder:
+        spec = ModelSpec.parse("alexnet:conv3")
+        dims = {"conv3": 1}
+
+        def __init__(self, n_batches):
+            self.started = [threading.Event() for _ in range(n_batches)]
+            self.n_prepared = self.n_run = 0
+            self.saw_next_prepared = []
+
+        def tensor(self, images):
+            self.started[self.n_prepared].set()
+            self.n_prepared += 1
+            return torch.zeros(len(images), 1)
+
+        def forward(self, batch):
+            self.n_run += 1
+            if self.n_run < len(self.started):
+                self.saw_next_prepared.append(self.started[self.n_run].wait(5))
+            return {"conv3": batch.numpy()}
+
+    rec = Recorder(n_batches=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("mmdtl2_dist.extract.model.decode_image", lambda path: path)
+        task = {"paths": ["a"] * 6, "rows": range(6), "batch_size": 2, "skip_bad": False}
+        run_shard(rec, {**task, "file": str(tmp_path / "000000.npz")})
+    assert rec.saw_next_prepared == [True, True]

@@ -346,11 +346,15 @@ class Extractor:
 
     def features(self, images) -> dict[str, np.ndarray]:
         """Features of each layer, float32 (n, L), for a list of PIL images."""
+        return self.forward(self.tensor(images))
+
+    def forward(self, batch) -> dict[str, np.ndarray]:
+        """Features of each layer, float32 (n, L), for a preprocessed batch (:meth:`tensor`)."""
         import torch
 
         with torch.no_grad():
-            out = self.module(self.tensor(images).to(self.device))
+            out = self.module(batch.to(self.device))
         return {
-            layer: out[layer].reshape(len(images), -1).float().cpu().numpy()
+            layer: out[layer].reshape(len(batch), -1).float().cpu().numpy()
             for layer in self.spec.layers
         }
