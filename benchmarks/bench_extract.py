@@ -5,6 +5,9 @@ One run, on the same machine and cores:
 - *plain loop*: one process, one torch thread, batches of ``--batch-size``: decode with
   Pillow, the ImageNet transform, AlexNet cut at the layer, float32 out (no Ray, no store);
   run before and after the extract runs, since the load of a shared machine moves;
+- *shard in this process*: :func:`mmdtl2_dist.extract.shards.run_shard` on all the
+  images as one shard, one torch thread (its next batch prepared on a second thread),
+  no Ray: the shard's own code against the plain loop;
 - *extract*: :func:`mmdtl2_dist.extract.job.extract` with ``--workers`` 1, then with every
   core (``--max-workers``), on a local Ray: the whole call (Ray start, model loads, shards,
   the store), the rate inside the shards (images / worker-seconds x workers), and the
@@ -16,7 +19,10 @@ One run, on the same machine and cores:
   number of images.
 
 Weights are random (``random:0``): throughput does not depend on their values. The
-machine's load average is printed at start and end: on a shared machine the numbers move.
+machine's load is recorded over the throughput runs (the 1-minute load average and the
+CPU used by processes outside the benchmark's tree); a run in which other processes took
+more than a quarter of a core on average is flagged ``NOISY``: its ratios are not a
+measurement.
 
     python benchmarks/bench_extract.py --images 600 --memory-images 20000 --json out.json
 """
@@ -34,10 +40,11 @@ import time
 from pathlib import Path
 
 import psutil
+from bench_gram import LoadMonitor
 
 from mmdtl2_dist.extract.inputs import read_images
 from mmdtl2_dist.extract.job import ExtractOptions, extract
-from mmdtl2_dist.extract.model import ModelSpec, Preprocessing
+from mmdtl2_dist.extract.model import Extractor, ModelSpec, Preprocessing
 from mmdtl2_dist.extract.synthetic import ImageSetSpec, make_image_set
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +74,18 @@ def plain_loop(paths: list[str], spec: ModelSpec, pre: Preprocessing, batch: int
             x = torch.stack([tf(Image.open(p).convert("RGB")) for p in paths[b0 : b0 + batch]])
             cut(x)["f"].reshape(len(x), -1).float().numpy()
     return len(paths) / (time.perf_counter() - t0)
+
+
+def shard_in_process(paths: list[str], spec, pre, batch: int, work: Path) -> float:
+    """Images per second of ``run_shard`` on all ``paths`` as one shard, one torch thread."""
+    import torch
+
+    from mmdtl2_dist.extract.shards import run_shard
+
+    torch.set_num_threads(1)
+    ex = Extractor(spec, "random:0", pre)
+    task = {"paths": paths, "rows": range(len(paths)), "batch_size": batch, "skip_bad": False}
+    return len(paths) / run_shard(ex, {**task, "file": str(work / "shard.npz")})["seconds"]
 
 
 def run_extract(images: Path, out: Path, spec, pre, workers: int, batch: int) -> dict:
@@ -154,16 +173,31 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         images = image_set(work / "images", args.images, 64)
         paths = read_images(images).frame["path"].tolist()
-        res["plain_loop_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size)
-        print(f"plain loop, 1 thread: {res['plain_loop_images_per_s']:.1f} images/s", flush=True)
-        res["extract"] = []
-        for workers in sorted({1, args.max_workers}):
-            r = run_extract(images, work / "s.zarr", spec, pre, workers, args.batch_size)
-            res["extract"].append(r)
-            print(f"extract: {json.dumps(r)}", flush=True)
-        # the load moves: the plain loop again, after (compare with the mean of both)
-        res["plain_loop_after_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size)
-        print(f"plain loop again: {res['plain_loop_after_images_per_s']:.1f} images/s", flush=True)
+        with LoadMonitor() as load:
+            res["plain_loop_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size)
+            print(
+                f"plain loop, 1 thread: {res['plain_loop_images_per_s']:.1f} images/s", flush=True
+            )
+            res["shard_in_process_images_per_s"] = shard_in_process(
+                paths, spec, pre, args.batch_size, work
+            )
+            print(
+                f"shard in this process: {res['shard_in_process_images_per_s']:.1f} images/s",
+                flush=True,
+            )
+            res["extract"] = []
+            for workers in sorted({1, args.max_workers}):
+                r = run_extract(images, work / "s.zarr", spec, pre, workers, args.batch_size)
+                res["extract"].append(r)
+                print(f"extract: {json.dumps(r)}", flush=True)
+            # the load moves: the plain loop again, after (compare with the mean of both)
+            res["plain_loop_after_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size)
+            print(
+                f"plain loop again: {res['plain_loop_after_images_per_s']:.1f} images/s", flush=True
+            )
+        res["load"] = load.summary()
+        if res["load"]["noisy"]:
+            print("NOISY RUN: other processes competed for the cores; do not use its ratios.")
         if args.memory_images:
             res["memory"] = memory_runs(work, [args.memory_images // 10, args.memory_images],
                                         args.max_workers)  # fmt: skip
