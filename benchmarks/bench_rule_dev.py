@@ -8,6 +8,7 @@
     python benchmarks/bench_rule_dev.py --data DIR --datasets surf --labels 3 --splits 20 \
         --set fresh2 --variants                                                     # confirmation
     python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants STF       # STF only
+    python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants STF STF2 STF2A
     python benchmarks/bench_rule_dev.py --variant-tables benchmarks/results/rule_dev_variants.json
 
 Two phases in one script, so the rule is judged on the same records it was chosen from:
@@ -28,8 +29,9 @@ Two phases in one script, so the rule is judged on the same records it was chose
 Split sets: ``dev`` (seed 2027, the development set of ``benchmarks/bench_selection.py``,
 extended to other label budgets: the same source rows, ``n`` labelled target rows per
 class drawn by the same generator), ``fresh`` (seed 2026, kept for the confirmation of
-the frozen rule), ``fresh2`` (seed 2029, for the confirmation of its extensions) and
-``fresh3`` (seed 2030, for the confirmation of STF, self-training from the fold fits).
+the frozen rule), ``fresh2`` (seed 2029, for the confirmation of its extensions),
+``fresh3`` (seed 2030, for the confirmation of STF, self-training from the fold fits) and
+``fresh4`` (seed 2031, for the confirmation of STF2 / STF2A, STF's stronger strengths).
 Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
@@ -89,9 +91,10 @@ from mmdtl2_dist.core.selection import (
 )
 from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
-# ``fresh`` confirmed the frozen rule itself, ``fresh2`` (seed 2029) its ST/ENS variants and
-# ``fresh3`` (seed 2030) self-training from the fold fits (``--variants STF``).
-SEEDS = {**SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030}
+# ``fresh`` confirmed the frozen rule itself, ``fresh2`` (seed 2029) its ST/ENS variants,
+# ``fresh3`` (seed 2030) self-training from the fold fits (``--variants STF``) and ``fresh4``
+# (seed 2031) its two stronger strengths (``--variants STF STF2 STF2A``).
+SEEDS = {**SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031}
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
 # (label, fixed parameters, transductive prior or None, d in units of the class count C)
@@ -380,7 +383,11 @@ def collect_frozen(job, data_dir, seed):
 
 # Two extensions of the frozen rule (BENCHMARKS.md, "Two extensions of the frozen rule,
 # studied on dev data"), each the frozen rule plus one change, constants fixed before the run.
-VARIANTS = ("frozen rule", "ST", "ST2", "ENS", "ENS+ST", "STF")
+VARIANTS = ("frozen rule", "ST", "ST2", "ENS", "ENS+ST", "STF", "STF2", "STF2A")
+# Self-training from the pick's fold fits: name -> (pseudo-labels per labelled target,
+# only rows on which the three fold fits agree). BENCHMARKS.md, "Self-training from the
+# rule's fold fits (STF)" and "Two strengths of STF's self-training (STF2, STF2A)".
+FOLD_SELF_TRAINING = {"STF": (1, False), "STF2": (2, False), "STF2A": (2, True)}
 ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targets
 
 
@@ -397,11 +404,14 @@ def refit(cand: str, pool: SamplePool, ys, yt, pmap):
     return fit_predict("mmdtl2", rule_params(cand, None), pool_problem(pool, ys, yt, pmap))
 
 
-def pseudo_labelled(pool: SamplePool, ys, yt, scores, classes, times: int):
+def pseudo_labelled(pool: SamplePool, ys, yt, scores, classes, times: int, eligible=None):
     """Self-training's labelled set: per class, ``times`` × its labelled target count of
-    the scored rows predicted as that class with the largest margins."""
+    the scored rows predicted as that class with the largest margins (only rows where the
+    boolean mask ``eligible`` is true, when given; fewer if fewer are eligible)."""
     per_class = {c: times * n for c, n in zip(*np.unique(yt, return_counts=True), strict=True)}
-    rows, labels = confident_pseudo_labels(scores, classes, per_class)
+    among = np.arange(len(scores)) if eligible is None else np.flatnonzero(eligible)
+    rows, labels = confident_pseudo_labels(scores[among], classes, per_class)
+    rows = among[rows]
     return (*with_pseudo_labels(pool, yt, rows, labels), rows, labels)
 
 
@@ -417,9 +427,10 @@ def fold_trained(prob, train: np.ndarray):
 
 
 def fold_scores(choice, pool, ys, yt):
-    """The pick's fold fits (the rule's CV, same folds) scoring the split's scored rows,
-    their raw decision scores averaged: STF's pseudo-labeller, refitted here as a reference
-    for the product (whose CV fits score these rows in the same fits as the held-out ones)."""
+    """The pick's fold fits (the rule's CV, same folds) scoring the split's scored rows:
+    each fit's raw decision scores (one array per fold) and the classes. STF's
+    pseudo-labeller averages them; refitted here as a reference for the product (whose CV
+    fits score these rows in the same fits as the held-out ones)."""
     prob = pool_problem(pool, ys, yt, choice.prior_map)
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(prob.Ktt))
     idx = np.arange(len(yt))
@@ -427,7 +438,15 @@ def fold_scores(choice, pool, ys, yt):
         fit_predict("mmdtl2", choice.params, fold_trained(prob, np.setdiff1d(idx, held)))
         for held in folds
     ]
-    return averaged(fits)[0], fits[0].classes
+    return [r.scores for r in fits], fits[0].classes
+
+
+def agreeing_rows(fold_scores_list) -> np.ndarray:
+    """Rows on which every fold fit predicts the class that their averaged scores predict
+    (argmax of each fold's raw scores equal to the argmax of the mean): a boolean mask."""
+    per_fold = np.asarray(fold_scores_list, dtype=np.float64)
+    consensus = per_fold.mean(axis=0).argmax(axis=1)
+    return (per_fold.argmax(axis=2) == consensus).all(axis=0)
 
 
 def averaged(results):
@@ -454,6 +473,8 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     - **STF**: pseudo-labels (1×) from the averaged scores of the pick's fold fits (the
       rule's own CV), then the pick fitted with them instead of the rule's final fit: the
       frozen rule's cost. Where no fold exists, the frozen rule's F.
+    - **STF2**: STF with 2× pseudo-labels; **STF2A**: STF2 among the rows on which the
+      three fold fits and their average predict the same class (:func:`agreeing_rows`).
 
     ``wanted`` names the variants to compute (ST, ST2 and the frozen rule always are).
 
@@ -484,16 +505,28 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
         rec["wall_s"][name] = time.perf_counter() - t0
         rec["acc"][name], rec["cost"][name] = float(np.mean(r.y_pred == yq)), cost + 1
         rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
-    if choice.n_folds and "STF" in wanted:
+    fold_variants = [v for v in FOLD_SELF_TRAINING if v in wanted]
+    if choice.n_folds and fold_variants:
         t0 = time.perf_counter()
-        scores, classes = fold_scores(choice, pool, ys, yt)
-        grown, yt2, rows, labels = pseudo_labelled(pool, ys, yt, scores, classes, 1)
-        r = refit(choice.pick, grown, ys, yt2, choice.prior_map)
-        rec["wall_s"]["STF"] = rec["wall_s"]["frozen rule"] + time.perf_counter() - t0
-        rec["acc"]["STF"], rec["cost"]["STF"] = float(np.mean(r.y_pred == yq)), cost
-        rec["pseudo_precision"]["STF"] = float(np.mean(labels == yq[rows]))
-    elif "STF" in wanted:  # no folds: the rule's fold-free F alone
-        rec["acc"]["STF"], rec["cost"]["STF"] = rec["acc"]["frozen rule"], cost
+        per_fold, classes = fold_scores(choice, pool, ys, yt)
+        scores, scoring_s = np.mean(per_fold, axis=0), time.perf_counter() - t0
+        rec["pseudo_n"] = {}
+        for name in fold_variants:
+            t0 = time.perf_counter()
+            times, agree = FOLD_SELF_TRAINING[name]
+            eligible = agreeing_rows(per_fold) if agree else None
+            grown, yt2, rows, labels = pseudo_labelled(
+                pool, ys, yt, scores, classes, times, eligible
+            )
+            r = refit(choice.pick, grown, ys, yt2, choice.prior_map)
+            rec["wall_s"][name] = (
+                rec["wall_s"]["frozen rule"] + scoring_s + time.perf_counter() - t0
+            )
+            rec["acc"][name], rec["cost"][name] = float(np.mean(r.y_pred == yq)), cost
+            rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
+            rec["pseudo_n"][name] = len(rows)
+    for name in [] if choice.n_folds else fold_variants:  # no folds: the rule's F alone
+        rec["acc"][name], rec["cost"][name] = rec["acc"]["frozen rule"], cost
     if not {"ENS", "ENS+ST"} & set(wanted):
         return rec
     if choice.n_folds == 0:

@@ -1,4 +1,5 @@
-"""The final-table harnesses of benchmarks/ (deep features, Hoffman's splits), tiny runs.
+"""The harnesses of benchmarks/ (final tables on deep features and Hoffman's splits, the
+selection rule's dev study), tiny runs.
 
 They live in the checkout, not in the package: these tests import the scripts from
 ``benchmarks/``.
@@ -163,3 +164,38 @@ def test_deep_table_without_the_reference_columns_has_no_max_column(deep):
     acc = {"decaf6 W→D": {"recommended": [0.9, 0.92]}, "decaf6 D→W": {"recommended": [0.8, 0.8]}}
     text = deep.format_table(deep.summarise(acc, ["recommended"]), ["recommended"], 2)
     assert "| **mean** | **85.5** |" in text and "max(source, target)" not in text
+
+
+@pytest.fixture(scope="module")
+def rule_dev():
+    return _script("bench_rule_dev")
+
+
+def test_agreeing_rows_drop_a_row_where_one_fold_fit_disagrees(rule_dev):
+    fold_1 = np.array([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0], [1.0, 0.0, 0.0]])
+    fold_2 = np.array([[1.0, 0.5, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.2, 0.0]])
+    fold_3 = np.array([[3.0, 0.0, 1.0], [0.0, 0.5, 0.0], [0.0, 1.0, 2.0], [2.0, 0.0, 0.0]])
+    # row 3: folds 1 and 3 and the mean predict class 0, fold 2 class 1
+    mask = rule_dev.agreeing_rows([fold_1, fold_2, fold_3])
+    assert mask.dtype == bool
+    assert mask.tolist() == [True, True, True, False]
+
+
+def test_agreeing_rows_drop_a_row_where_the_folds_agree_with_each_other_only_in_part(rule_dev):
+    # every fold predicts a different class: no class is shared, the mean's is not all folds'
+    folds = [np.array([[3.0, 0.0, 0.0]]), np.array([[0.0, 2.0, 0.0]]), np.array([[0.0, 0.0, 2.5]])]
+    assert rule_dev.agreeing_rows(folds).tolist() == [False]
+
+
+def test_stf2a_takes_only_eligible_rows_and_fewer_when_fewer_are_eligible(rule_dev, monkeypatch):
+    monkeypatch.setattr(rule_dev, "with_pseudo_labels", lambda pool, yt, rows, labels: (pool, yt))
+    scores = np.array([[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.0, 1.0]])  # rows 0-2 class 0
+    yt = np.array([0, 1])
+    eligible = np.array([False, True, True, True])
+    *_, rows, labels = rule_dev.pseudo_labelled(None, None, yt, scores, np.array([0, 1]), 2)
+    assert rows.tolist() == [0, 1, 3]  # 2 per class: rows 0, 1 of class 0 and the 1 of class 1
+    *_, rows, labels = rule_dev.pseudo_labelled(
+        None, None, yt, scores, np.array([0, 1]), 2, eligible
+    )
+    assert rows.tolist() == [1, 2, 3]  # row 0 not eligible: the next largest margin, row 2
+    assert labels.tolist() == [0, 0, 1]
