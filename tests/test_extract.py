@@ -418,8 +418,9 @@ def ex_images(paths):
 
 
 def test_shard_of_several_batches_with_a_bad_image_equals_batch_by_batch_features(images, tmp_path):
-    """Batches prepared ahead on a second thread give the features, kept rows and bad rows
-    of extracting the same batches one after the other."""
+    """Batches prepared ahead on a second thread and written through memory maps give the
+    features, kept rows and bad rows of extracting the same batches one after the other;
+    a shard that fails leaves no file behind."""
     from mmdtl2_dist.extract.shards import read_shard, run_shard
 
     ex = Extractor(ModelSpec.parse("alexnet:conv3"), "random:0", Preprocessing(64, 64))
@@ -442,6 +443,7 @@ def test_shard_of_several_batches_with_a_bad_image_equals_batch_by_batch_feature
             ex, {**shard, "file": str(tmp_path / "1.npz"), "batch_size": 2, "skip_bad": False}
         )
     assert not (tmp_path / "1.npz").exists()
+    assert not list(tmp_path.glob(".*")) and not list(tmp_path.glob("1.*"))  # nothing half-written
 
 
 def test_next_batch_is_prepared_while_the_model_runs_on_the_current_one(tmp_path):

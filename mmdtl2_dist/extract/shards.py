@@ -8,7 +8,8 @@ is written under a hidden temporary name and renamed when complete, the ``.npz``
 a shard whose ``.npz`` exists is a finished shard: a job killed at any moment keeps its
 finished shards and redoes only the others. The features are plain ``.npy`` files (not
 members of the ``.npz``) so that writing them needs no zip checksum and the store is
-filled from them memory-mapped, without a copy.
+filled from them memory-mapped, without a copy; the worker writes them through memory
+maps as its batches finish (:class:`FeatureFiles`).
 :class:`ShardWorker` is the Ray actor around it (one model load per worker).
 """
 
@@ -36,9 +37,14 @@ def feature_file(path: Path, layer: str) -> Path:
     return path.with_name(f"{path.stem}.f_{layer}.npy")
 
 
+def temporary_sibling(path: Path) -> Path:
+    """A hidden name beside ``path`` that no other process or call uses."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
 def write_atomic(path: Path, save, data) -> None:
     """``save(file, data)`` (``np.save`` or ``np.savez``) under a temporary sibling, renamed."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_sibling(path)
     try:
         with open(tmp, "wb") as fh:
             save(fh, data)
@@ -49,6 +55,43 @@ def write_atomic(path: Path, save, data) -> None:
 
 def _savez(fh, arrays: dict) -> None:
     np.savez(fh, **arrays)
+
+
+class FeatureFiles:
+    """A shard's feature files, filled batch by batch as the model produces them.
+
+    Each layer's rows go straight into a memory map of a hidden ``.npy`` file sized for
+    every image of the shard, which :meth:`commit` renames into place: the features are
+    never held a second time nor copied at the end of the shard. When images were skipped
+    (``--skip-bad``), the kept rows are written to the final file instead. Until then the
+    final names do not exist; :meth:`discard` removes the hidden files.
+    """
+
+    def __init__(self, file: Path, dims: dict[str, int], n: int):
+        self.final = {layer: feature_file(file, layer) for layer in dims}
+        self.tmp = {layer: temporary_sibling(path) for layer, path in self.final.items()}
+        self.maps = {
+            layer: np.lib.format.open_memmap(self.tmp[layer], "w+", np.float32, (n, width))
+            for layer, width in dims.items()
+        }
+
+    def write(self, start: int, feats: dict[str, np.ndarray]) -> None:
+        for layer, rows in feats.items():
+            self.maps[layer][start : start + len(rows)] = rows
+
+    def commit(self, kept: int) -> None:
+        for layer, rows in self.maps.items():
+            if kept == len(rows):
+                rows.flush()
+                os.replace(self.tmp[layer], self.final[layer])
+            else:
+                write_atomic(self.final[layer], np.save, rows[:kept])
+        self.discard()
+
+    def discard(self) -> None:
+        self.maps = {}
+        for tmp in self.tmp.values():
+            tmp.unlink(missing_ok=True)
 
 
 def read_shard(path: Path, key: str) -> np.ndarray:
@@ -130,21 +173,20 @@ def run_shard(extractor: Extractor, task: dict) -> dict:
     """
     t0 = time.perf_counter()
     task = {**task, "paths": list(task["paths"]), "rows": np.asarray(task["rows"], np.int64)}
-    layers = extractor.spec.layers
     n = len(task["paths"])
-    out = {layer: np.empty((n, extractor.dims[layer]), np.float32) for layer in layers}
+    dims = {layer: extractor.dims[layer] for layer in extractor.spec.layers}
+    files = FeatureFiles(Path(task["file"]), dims, n)
     kept, bad, reasons = [], [], []
-    for batch in prepared_ahead(extractor, task):
-        bad += batch.bad
-        reasons += batch.reasons
-        if batch.tensor is None:
-            continue
-        feats = extractor.forward(batch.tensor)
-        for layer in layers:
-            out[layer][len(kept) : len(kept) + len(batch.where)] = feats[layer]
-        kept += [int(task["rows"][k]) for k in batch.where]
-    for layer in layers:  # the .npz last: its existence marks the shard finished
-        write_atomic(feature_file(task["file"], layer), np.save, out[layer][: len(kept)])
+    try:
+        for batch in prepared_ahead(extractor, task):
+            bad += batch.bad
+            reasons += batch.reasons
+            if batch.tensor is not None:
+                files.write(len(kept), extractor.forward(batch.tensor))
+                kept += [int(task["rows"][k]) for k in batch.where]
+        files.commit(len(kept))  # the .npz last: its existence marks the shard finished
+    finally:
+        files.discard()
     arrays = {
         "kept": np.asarray(kept, np.int64),
         "bad_rows": np.asarray(bad, np.int64),
