@@ -25,6 +25,10 @@ more than a quarter of a core on average is flagged ``NOISY``: its ratios are no
 measurement.
 
     python benchmarks/bench_extract.py --images 600 --memory-images 20000 --json out.json
+    python benchmarks/bench_extract.py --images 3000 --gpus 1   # where a GPU is lent
+
+With ``--gpus N`` the plain loop also runs on the first GPU and ``extract`` on N GPU
+actors; the GPU/CPU ratio is the GPU figure over the CPU plain loop of the same run.
 """
 
 from __future__ import annotations
@@ -56,8 +60,10 @@ def image_set(folder: Path, n: int, size: int) -> Path:
     return make_image_set(folder, ImageSetSpec(n_source=per, n_target=per, n_classes=2, size=size))
 
 
-def plain_loop(paths: list[str], spec: ModelSpec, pre: Preprocessing, batch: int) -> float:
-    """Images per second of a single-process, single-thread torch loop."""
+def plain_loop(
+    paths: list[str], spec: ModelSpec, pre: Preprocessing, batch: int, device: str = "cpu"
+) -> float:
+    """Images per second of a single-process torch loop (one CPU thread) on ``device``."""
     import torch
     from PIL import Image
     from torchvision import models
@@ -66,13 +72,13 @@ def plain_loop(paths: list[str], spec: ModelSpec, pre: Preprocessing, batch: int
     torch.set_num_threads(1)
     torch.manual_seed(0)
     net = models.get_model(spec.model, weights=None).eval()
-    cut = create_feature_extractor(net, {spec.node(spec.layers[0]): "f"})
+    cut = create_feature_extractor(net, {spec.node(spec.layers[0]): "f"}).to(device)
     tf = pre.transform()
     t0 = time.perf_counter()
     with torch.no_grad():
         for b0 in range(0, len(paths), batch):
             x = torch.stack([tf(Image.open(p).convert("RGB")) for p in paths[b0 : b0 + batch]])
-            cut(x)["f"].reshape(len(x), -1).float().numpy()
+            cut(x.to(device))["f"].reshape(len(x), -1).float().cpu().numpy()
     return len(paths) / (time.perf_counter() - t0)
 
 
@@ -85,18 +91,24 @@ def shard_in_process(paths: list[str], spec, pre, batch: int, work: Path) -> flo
     torch.set_num_threads(1)
     ex = Extractor(spec, "random:0", pre)
     task = {"paths": paths, "rows": range(len(paths)), "batch_size": batch, "skip_bad": False}
-    return len(paths) / run_shard(ex, {**task, "file": str(work / "shard.npz")})["seconds"]
+    seconds = run_shard(ex, {**task, "file": str(work / "shard.npz")})["seconds"]
+    for f in work.glob("shard.*"):  # 5 GB at 20,000 images: not kept beside the store runs
+        f.unlink()
+    return len(paths) / seconds
 
 
-def run_extract(images: Path, out: Path, spec, pre, workers: int, batch: int) -> dict:
+def run_extract(images: Path, out: Path, spec, pre, workers: int, batch: int, gpus=0) -> dict:
     t0 = time.perf_counter()
-    opts = ExtractOptions(batch_size=batch, workers=workers, progress=False, overwrite=True)
+    opts = ExtractOptions(
+        batch_size=batch, workers=workers, gpus=gpus, progress=False, overwrite=True
+    )
     fs = extract(out, read_images(images), spec, "random:0", pre, opts)
     wall = time.perf_counter() - t0
     run = fs.last_run
     n = run["images_computed"]
     return {
         "workers": workers,
+        "gpus": gpus,
         "images": n,
         "wall_s": wall,
         "images_per_s_wall": n / wall,
@@ -104,6 +116,26 @@ def run_extract(images: Path, out: Path, spec, pre, workers: int, batch: int) ->
         "store_s": run["store_seconds"],
         "store_after_workers_s": run["store_after_workers_seconds"],
     }
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gpu_runs(paths, images: Path, work: Path, spec, pre, args) -> dict:
+    """The plain loop on one GPU, ``extract`` on ``args.gpus`` GPU actors, the card's name."""
+    import torch
+
+    res = {"card": torch.cuda.get_device_name(0)}
+    res["plain_loop_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size, "cuda")
+    print(f"plain loop on {res['card']}: {res['plain_loop_images_per_s']:.1f} images/s", flush=True)
+    res["extract"] = run_extract(
+        images, work / "g.zarr", spec, pre, args.gpus, args.batch_size, args.gpus
+    )
+    print(f"extract on {args.gpus} GPU(s): {json.dumps(res['extract'])}", flush=True)
+    return res
 
 
 def peak_memory(cmd: list[str], env: dict) -> dict:
@@ -164,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-workers", type=int, default=os.cpu_count())
     ap.add_argument("--memory-images", type=int, default=0, help="large set for memory (0: skip)")
+    ap.add_argument("--gpus", type=int, default=0, help="also the plain loop and extract on GPUs")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    if args.gpus and not cuda_available():
+        raise SystemExit("--gpus: torch sees no CUDA device here; leave --gpus out on CPU.")
     spec, pre = ModelSpec.parse(args.model), Preprocessing()
     res = {"load_start": os.getloadavg(), "cpus": os.cpu_count(), "model": str(spec)}
     print(f"load average at start: {res['load_start']}, {res['cpus']} CPUs", flush=True)
@@ -190,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_extract(images, work / "s.zarr", spec, pre, workers, args.batch_size)
                 res["extract"].append(r)
                 print(f"extract: {json.dumps(r)}", flush=True)
+            if args.gpus:
+                res["gpu"] = gpu_runs(paths, images, work, spec, pre, args)
             # the load moves: the plain loop again, after (compare with the mean of both)
             res["plain_loop_after_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size)
             print(

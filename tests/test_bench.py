@@ -127,3 +127,18 @@ def test_every_benchmark_script_starts(script):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage" in out.stdout.lower()
+
+
+def test_extract_benchmark_refuses_gpus_where_torch_sees_none():
+    """``bench_extract.py --gpus`` is for a machine with a GPU; elsewhere it says so before
+    building any image set, instead of failing after minutes of CPU runs."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_extract.py"), "--gpus", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "torch sees no CUDA device" in out.stderr and "leave --gpus out" in out.stderr
+    assert "plain loop" not in out.stdout
