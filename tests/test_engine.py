@@ -516,11 +516,13 @@ def test_killed_gram_command_leaves_no_ray_process(ray_local, tmp_path):
 
 
 def test_local_ray_workers_run_at_the_commands_niceness(tmp_path):
-    """A local Ray started by the product runs its workers at the command's priority.
+    """A local Ray started by the product runs its workers at the command's priority,
+    and its start prints no token-authentication notice.
 
     Ray's default worker niceness (15) makes them yield the cores to every other process
     of the machine; the command's own workers must not (a real local Ray in a real
-    subprocess: this session's Ray is already running).
+    subprocess: this session's Ray is already running). Ray's notice on every local
+    start advises disabling authentication; it is kept off the command's output.
     """
     code = (
         "import os\n"
@@ -530,7 +532,8 @@ def test_local_ray_workers_run_at_the_commands_niceness(tmp_path):
         "print(os.nice(0), nice)\n"
         "ray.shutdown()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    unset = ("RAY_worker_niceness", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
@@ -538,3 +541,21 @@ def test_local_ray_workers_run_at_the_commands_niceness(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     driver, worker = map(int, out.stdout.split()[-2:])
     assert worker == driver
+    assert "Token authentication" not in out.stderr + out.stdout
+
+
+def test_only_rays_token_enabled_notice_is_dropped():
+    """The filter drops Ray's "enabled" notice and lets the "disabled" warning through."""
+    import logging
+
+    from mmdtl2_dist.engine.ray_session import _TOKEN_LOGGER, _hide_token_notice
+
+    _hide_token_notice()
+    _hide_token_notice()  # once is enough: no second filter
+    log = logging.getLogger(_TOKEN_LOGGER)
+    assert len(log.filters) == 1
+    make = lambda msg: log.makeRecord(_TOKEN_LOGGER, logging.WARNING, "f", 1, msg, (), None)  # noqa: E731
+    assert not log.filters[0].filter(
+        make("Token authentication is enabled for this Ray cluster. Set")
+    )
+    assert log.filters[0].filter(make("Token authentication is disabled for this Ray cluster."))

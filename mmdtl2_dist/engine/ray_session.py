@@ -6,6 +6,7 @@ A local Ray started here is guarded by the watchdog of
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import subprocess
@@ -61,6 +62,7 @@ def ensure_ray(address: str | None, num_cpus: int | None, num_gpus: int | None =
     if address is None:
         watchdog = _start_watchdog(ray)
         try:
+            _hide_token_notice()
             ray.init(
                 address="local",
                 num_cpus=num_cpus,
@@ -77,6 +79,26 @@ def ensure_ray(address: str | None, num_cpus: int | None, num_gpus: int | None =
     else:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     return ray, True
+
+
+#: Ray's notice on every local start with token authentication on by default. Its advice
+#: (``RAY_AUTH_MODE=disabled`` "to opt out") would turn off the protection of a cluster
+#: the product started for this command alone; the notice that authentication is *off*
+#: is kept.
+_TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropTokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_TOKEN_NOTICE)
+
+
+def _hide_token_notice() -> None:
+    """Keep Ray's token-authentication notice (:data:`_TOKEN_NOTICE`) off the output."""
+    log = logging.getLogger(_TOKEN_LOGGER)
+    if not any(isinstance(f, _DropTokenNotice) for f in log.filters):
+        log.addFilter(_DropTokenNotice())
 
 
 _WATCHDOG_SCRIPT = Path(__file__).with_name("ray_watchdog.py")
