@@ -145,9 +145,9 @@ def prepared_ahead(extractor: Extractor, task: dict):
 
     While the caller runs the model on one batch, the thread decodes and preprocesses the
     next: on CPU that is about a sixth of a batch's time, beside a GPU's forward pass most
-    of it; overlapping them changes no bit (the same images go
-    through the same transform in the same batches). The thread uses the caller's torch
-    thread count, so a one-thread worker stays at one thread per stage.
+    of it. No bit changes: the same images go through the same transform in the same
+    batches. The thread uses the caller's torch thread count, so a one-thread worker
+    stays at one thread per stage.
     """
     import torch
 
