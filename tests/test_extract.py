@@ -480,3 +480,43 @@ def test_next_batch_is_prepared_while_the_model_runs_on_the_current_one(tmp_path
         task = {"paths": ["a"] * 6, "rows": range(6), "batch_size": 2, "skip_bad": False}
         run_shard(rec, {**task, "file": str(tmp_path / "000000.npz")})
     assert rec.saw_next_prepared == [True, True]
+
+
+SHARD_ON_SMALL_DISK = """
+import sys
+from mmdtl2_dist.extract.model import Extractor, ModelSpec, Preprocessing
+from mmdtl2_dist.extract.shards import run_shard
+ex = Extractor(ModelSpec.parse("alexnet:conv3"), "random:0", Preprocessing(64, 64))
+paths = sys.argv[2:] * 4
+try:
+    run_shard(ex, {"paths": paths, "rows": range(len(paths)), "batch_size": 4,
+                   "skip_bad": False, "file": sys.argv[1] + "/000000.npz"})
+except OSError as exc:
+    print("raised:", exc)
+import os
+print("left:", sorted(os.listdir(sys.argv[1])))
+"""
+
+
+def test_shard_on_a_full_disk_raises_a_clear_error_and_leaves_no_file(images, tmp_path):
+    """A shard whose features do not fit on the disk (a real 256 KiB tmpfs, mounted in a
+    user namespace) raises an OSError naming the folder and what to do, and leaves nothing
+    there; written through a memory map without its space reserved, the worker died of
+    SIGBUS instead."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("no user namespaces here to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    paths = read_images(images).frame["path"].tolist()
+    code = tmp_path / "shard.py"
+    code.write_text(SHARD_ON_SMALL_DISK)
+    mount = f'mount -t tmpfs -o size=256k tmpfs {disk} && exec "$0" "$@"'
+    out = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", mount, sys.executable, str(code), str(disk), *paths],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "no room for" in out.stdout and f"of features in {disk}" in out.stdout
+    assert "No space left on device" in out.stdout and "free space there" in out.stdout
+    assert "left: []" in out.stdout
