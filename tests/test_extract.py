@@ -501,8 +501,8 @@ print("left:", sorted(os.listdir(sys.argv[1])))
 def test_shard_on_a_full_disk_raises_a_clear_error_and_leaves_no_file(images, tmp_path):
     """A shard whose features do not fit on the disk (a real 256 KiB tmpfs, mounted in a
     user namespace) raises an OSError naming the folder and what to do, and leaves nothing
-    there; written through a memory map without its space reserved, the worker died of
-    SIGBUS instead."""
+    there (a write through a memory map into a file the disk has no room for would kill
+    the worker with SIGBUS)."""
     if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
         pytest.skip("no user namespaces here to mount a small tmpfs")
     disk = tmp_path / "disk"

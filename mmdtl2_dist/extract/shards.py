@@ -72,11 +72,13 @@ def reserved_memmap(path: Path, shape: tuple[int, int]) -> np.memmap:
         try:
             os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 return rows  # a file system that cannot reserve: written as it comes
+            mib = rows.nbytes / 2**20
+            del rows  # the map is not kept alive by the error's traceback
             raise OSError(
                 exc.errno,
-                f"no room for {rows.nbytes / 2**20:.1f} MiB of features in {path.parent} "
+                f"no room for {mib:.1f} MiB of features in {path.parent} "
                 f"({exc.strerror}); free space there (or choose an output on a larger disk) "
                 "and run again: finished shards are kept",
             ) from None
