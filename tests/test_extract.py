@@ -520,3 +520,23 @@ def test_shard_on_a_full_disk_raises_a_clear_error_and_leaves_no_file(images, tm
     assert "no room for" in out.stdout and f"of features in {disk}" in out.stdout
     assert "No space left on device" in out.stdout and "free space there" in out.stdout
     assert "left: []" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--workers", "0"], "--workers must be at least 1, got 0; leave it out for one worker"),
+        (["--gpus", "-1"], "--gpus must be a number of GPUs, got -1; leave it out (or 0)"),
+    ],
+)
+def test_no_workers_or_negative_gpus_are_refused_before_any_work(
+    images, tmp_path, capsys, option, message
+):
+    """``--workers 0`` would start a Ray with no CPU, where no worker can be placed (the
+    run would wait forever), and ``--gpus -1`` would have Ray wait on no worker: both
+    are refused with what to write instead, before Ray starts or anything is written."""
+    out = tmp_path / "w.zarr"
+    args = ["extract", str(images), str(out), "--model", "alexnet:conv3"]
+    assert main([*args, "--weights", "random:0", *option]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
