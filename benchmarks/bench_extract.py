@@ -63,7 +63,12 @@ def image_set(folder: Path, n: int, size: int) -> Path:
 def plain_loop(
     paths: list[str], spec: ModelSpec, pre: Preprocessing, batch: int, device: str = "cpu"
 ) -> float:
-    """Images per second of a single-process torch loop (one CPU thread) on ``device``."""
+    """Images per second of a single-process torch loop (one CPU thread) on ``device``.
+
+    The model runs once on a blank image before the clock starts, as the extractor's probe
+    does before its shards: the device's one-time start (on a GPU its context, cuDNN and
+    the kernels' loading, up to seconds) is in neither rate.
+    """
     import torch
     from PIL import Image
     from torchvision import models
@@ -74,8 +79,9 @@ def plain_loop(
     net = models.get_model(spec.model, weights=None).eval()
     cut = create_feature_extractor(net, {spec.node(spec.layers[0]): "f"}).to(device)
     tf = pre.transform()
-    t0 = time.perf_counter()
     with torch.no_grad():
+        cut(torch.zeros(1, 3, pre.crop, pre.crop, device=device))
+        t0 = time.perf_counter()
         for b0 in range(0, len(paths), batch):
             x = torch.stack([tf(Image.open(p).convert("RGB")) for p in paths[b0 : b0 + batch]])
             cut(x.to(device))["f"].reshape(len(x), -1).float().cpu().numpy()

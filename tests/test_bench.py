@@ -142,3 +142,47 @@ def test_extract_benchmark_refuses_gpus_where_torch_sees_none():
     assert out.returncode != 0
     assert "torch sees no CUDA device" in out.stderr and "leave --gpus out" in out.stderr
     assert "plain loop" not in out.stdout
+
+
+def test_extract_benchmark_plain_loop_starts_its_clock_after_the_model_ran_once(
+    monkeypatch, tmp_path
+):
+    """The plain loop runs its model once before its clock starts, as the extractor's
+    probe does before its shards: a device's one-time start (on a GPU: its context, cuDNN,
+    the kernels' loading) is timed in neither rate, or their ratio would flatter extract."""
+    pytest.importorskip("torch")
+    import time
+    from types import SimpleNamespace
+
+    import torchvision.models.feature_extraction as fx
+
+    from mmdtl2_dist.extract.inputs import read_images
+    from mmdtl2_dist.extract.model import ModelSpec, Preprocessing
+    from mmdtl2_dist.extract.synthetic import ImageSetSpec, make_image_set
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_extract", ROOT / "benchmarks" / "bench_extract.py"
+    )
+    bench_extract = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_extract)
+    events, cut_model = [], fx.create_feature_extractor
+
+    def recorded_cut(*args, **kwargs):
+        cut = cut_model(*args, **kwargs)
+        cut.register_forward_pre_hook(lambda module, inputs: events.append("model"))
+        return cut
+
+    def clock():
+        events.append("clock")
+        return time.perf_counter()
+
+    monkeypatch.setattr(fx, "create_feature_extractor", recorded_cut)
+    monkeypatch.setattr(bench_extract, "time", SimpleNamespace(perf_counter=clock))
+    images = make_image_set(tmp_path / "images", ImageSetSpec(2, 2, 2, size=32))
+    paths = read_images(images).frame["path"].tolist()[:4]
+    rate = bench_extract.plain_loop(
+        paths, ModelSpec.parse("alexnet:conv3"), Preprocessing(64, 64), batch=2
+    )
+    assert rate > 0
+    assert events == ["model", "clock", "model", "model", "clock"]

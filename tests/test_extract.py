@@ -480,3 +480,63 @@ def test_next_batch_is_prepared_while_the_model_runs_on_the_current_one(tmp_path
         task = {"paths": ["a"] * 6, "rows": range(6), "batch_size": 2, "skip_bad": False}
         run_shard(rec, {**task, "file": str(tmp_path / "000000.npz")})
     assert rec.saw_next_prepared == [True, True]
+
+
+SHARD_ON_SMALL_DISK = """
+import sys
+from mmdtl2_dist.extract.model import Extractor, ModelSpec, Preprocessing
+from mmdtl2_dist.extract.shards import run_shard
+ex = Extractor(ModelSpec.parse("alexnet:conv3"), "random:0", Preprocessing(64, 64))
+paths = sys.argv[2:] * 4
+try:
+    run_shard(ex, {"paths": paths, "rows": range(len(paths)), "batch_size": 4,
+                   "skip_bad": False, "file": sys.argv[1] + "/000000.npz"})
+except OSError as exc:
+    print("raised:", exc)
+import os
+print("left:", sorted(os.listdir(sys.argv[1])))
+"""
+
+
+def test_shard_on_a_full_disk_raises_a_clear_error_and_leaves_no_file(images, tmp_path):
+    """A shard whose features do not fit on the disk (a real 256 KiB tmpfs, mounted in a
+    user namespace) raises an OSError naming the folder and what to do, and leaves nothing
+    there (a write through a memory map into a file the disk has no room for would kill
+    the worker with SIGBUS)."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("no user namespaces here to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    paths = read_images(images).frame["path"].tolist()
+    code = tmp_path / "shard.py"
+    code.write_text(SHARD_ON_SMALL_DISK)
+    mount = f'mount -t tmpfs -o size=256k tmpfs {disk} && exec "$0" "$@"'
+    out = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", mount, sys.executable, str(code), str(disk), *paths],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "no room for" in out.stdout and f"of features in {disk}" in out.stdout
+    assert "No space left on device" in out.stdout and "free space there" in out.stdout
+    assert "left: []" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--workers", "0"], "--workers must be at least 1, got 0; leave it out for one worker"),
+        (["--gpus", "-1"], "--gpus must be a number of GPUs, got -1; leave it out (or 0)"),
+    ],
+)
+def test_no_workers_or_negative_gpus_are_refused_before_any_work(
+    images, tmp_path, capsys, option, message
+):
+    """``--workers 0`` would start a Ray with no CPU, where no worker can be placed (the
+    run would wait forever), and ``--gpus -1`` would have Ray wait on no worker: both
+    are refused with what to write instead, before Ray starts or anything is written."""
+    out = tmp_path / "w.zarr"
+    args = ["extract", str(images), str(out), "--model", "alexnet:conv3"]
+    assert main([*args, "--weights", "random:0", *option]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -250,11 +250,22 @@ def _refuse_missing(missing: list[str]) -> None:
 def _checked_request(out: Path, table: ImageTable, spec: ModelSpec, opt) -> dict[str, str]:
     """The space name of each layer, once the request is checked before any work.
 
-    Refused: a batch size below 1, names the store cannot hold, an output path that is
-    not ours to write, missing images (unless ``skip_bad``).
+    Refused: a batch size below 1, fewer than one worker or GPU when they are counted
+    (Ray would wait forever for a worker it cannot place), names the store cannot hold,
+    an output path that is not ours to write, missing images (unless ``skip_bad``).
     """
     if opt.batch_size < 1:
         raise ValueError(f"batch size must be positive, got {opt.batch_size}.")
+    if opt.workers is not None and opt.workers < 1:
+        raise ValueError(
+            f"--workers must be at least 1, got {opt.workers}; leave it out for one worker "
+            "per CPU of the cluster."
+        )
+    if opt.gpus < 0:
+        raise ValueError(
+            f"--gpus must be a number of GPUs, got {opt.gpus}; leave it out (or 0) to run "
+            "on CPU workers."
+        )
     spaces = space_names(spec, opt.space)
     for device in table.devices:
         check_name("device", device)

@@ -15,6 +15,7 @@ maps as its batches finish (:class:`FeatureFiles`).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 import uuid
@@ -57,23 +58,54 @@ def _savez(fh, arrays: dict) -> None:
     np.savez(fh, **arrays)
 
 
+def reserved_memmap(path: Path, shape: tuple[int, int]) -> np.memmap:
+    """A new float32 ``.npy`` file at ``path``, memory-mapped, its disk blocks reserved.
+
+    A write through a map into a file with no room left kills the process (SIGBUS); with
+    the blocks reserved up front, a full disk is an :class:`OSError` here instead, naming
+    the folder and what to do.
+    """
+    rows = np.lib.format.open_memmap(path, "w+", np.float32, shape)
+    if not hasattr(os, "posix_fallocate"):
+        return rows
+    with open(path, "r+b") as fh:
+        try:
+            os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                return rows  # a file system that cannot reserve: written as it comes
+            mib = rows.nbytes / 2**20
+            del rows  # the map is not kept alive by the error's traceback
+            raise OSError(
+                exc.errno,
+                f"no room for {mib:.1f} MiB of features in {path.parent} "
+                f"({exc.strerror}); free space there (or choose an output on a larger disk) "
+                "and run again: finished shards are kept",
+            ) from None
+    return rows
+
+
 class FeatureFiles:
     """A shard's feature files, filled batch by batch as the model produces them.
 
-    Each layer's rows go straight into a memory map of a hidden ``.npy`` file sized for
-    every image of the shard, which :meth:`commit` renames into place: the features are
-    never held a second time nor copied at the end of the shard. When images were skipped
-    (``--skip-bad``), the kept rows are written to the final file instead. Until then the
-    final names do not exist; :meth:`discard` removes the hidden files.
+    Each layer's rows go straight into a memory map of a hidden ``.npy`` file sized (and
+    its space reserved, :func:`reserved_memmap`) for every image of the shard, which
+    :meth:`commit` renames into place: the features are never held a second time nor
+    copied at the end of the shard. When images were skipped (``--skip-bad``), the kept
+    rows are written to the final file instead. Until then the final names do not exist;
+    :meth:`discard` removes the hidden files (the constructor too, if it fails).
     """
 
     def __init__(self, file: Path, dims: dict[str, int], n: int):
         self.final = {layer: feature_file(file, layer) for layer in dims}
         self.tmp = {layer: temporary_sibling(path) for layer, path in self.final.items()}
-        self.maps = {
-            layer: np.lib.format.open_memmap(self.tmp[layer], "w+", np.float32, (n, width))
-            for layer, width in dims.items()
-        }
+        self.maps = {}
+        try:
+            for layer, width in dims.items():
+                self.maps[layer] = reserved_memmap(self.tmp[layer], (n, width))
+        except BaseException:
+            self.discard()
+            raise
 
     def write(self, start: int, feats: dict[str, np.ndarray]) -> None:
         for layer, rows in feats.items():
