@@ -53,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
         # User errors: one clear line, no traceback.
         print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        from mmdtl2_dist.store.outputs import NO_ROOM
+
+        if exc.errno not in NO_ROOM:
+            raise
+        # A full disk or quota: not the user's input, but no bug either; the message
+        # names the folder and what to do.
+        print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -540,3 +540,25 @@ def test_no_workers_or_negative_gpus_are_refused_before_any_work(
     assert main([*args, "--weights", "random:0", *option]) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_full_disk_ends_the_command_in_one_line_with_exit_1(monkeypatch, capsys, tmp_path):
+    """A full disk or quota (the shard's reservation, a store write) is one line naming
+    the folder and what to do, exit 1; any other OS error keeps its traceback."""
+    import errno
+
+    import mmdtl2_dist.commands.extract as command
+
+    def full(args):
+        raise OSError(errno.ENOSPC, f"no room for 8.0 MiB of features in {tmp_path}; free space")
+
+    monkeypatch.setattr(command, "run", full)
+    assert main(["extract", str(tmp_path), str(tmp_path / "s.zarr")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    message = f"[Errno 28] no room for 8.0 MiB of features in {tmp_path}; free space"
+    assert err == [f"mmdtl2 extract: error: {message}"]
+    monkeypatch.setattr(
+        command, "run", lambda args: (_ for _ in ()).throw(PermissionError(13, "no"))
+    )
+    with pytest.raises(PermissionError):
+        main(["extract", str(tmp_path), str(tmp_path / "s.zarr")])

@@ -15,7 +15,6 @@ maps as its batches finish (:class:`FeatureFiles`).
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 import uuid
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from mmdtl2_dist.extract.model import BadImageError, Extractor, ModelSpec, Preprocessing
+from mmdtl2_dist.store.outputs import NO_ROOM
 
 
 def shard_file(folder: Path, index: int) -> Path:
@@ -72,7 +72,7 @@ def reserved_memmap(path: Path, shape: tuple[int, int]) -> np.memmap:
         try:
             os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in NO_ROOM:
                 return rows  # a file system that cannot reserve: written as it comes
             mib = rows.nbytes / 2**20
             del rows  # the map is not kept alive by the error's traceback

@@ -28,6 +28,7 @@ other hosts are left alone.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -40,6 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmdtl2_dist.store.layout import ROOT_ATTR
+
+#: ``errno`` values of an output that found no room: a full disk or quota.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 _FIX = "choose another path, or remove it yourself if it is no longer needed"
 
