@@ -118,7 +118,6 @@ class FeatureFiles:
                 os.replace(self.tmp[layer], self.final[layer])
             else:
                 write_atomic(self.final[layer], np.save, rows[:kept])
-        self.discard()
 
     def discard(self) -> None:
         self.maps = {}
@@ -186,13 +185,15 @@ def prepared_ahead(extractor: Extractor, task: dict):
     size = int(task["batch_size"])
     starts = range(0, len(task["paths"]), size)
     spans = [range(b0, min(b0 + size, len(task["paths"]))) for b0 in starts]
+    if not spans:
+        return
     with ThreadPoolExecutor(1, initializer=torch.set_num_threads,
                             initargs=(torch.get_num_threads(),)) as pool:  # fmt: skip
-        pending = [pool.submit(prepare_batch, extractor, task, span) for span in spans[:1]]
-        for i in range(len(spans)):
-            batch = pending.pop().result()
-            if i + 1 < len(spans):
-                pending.append(pool.submit(prepare_batch, extractor, task, spans[i + 1]))
+        ahead = pool.submit(prepare_batch, extractor, task, spans[0])
+        for following in [*spans[1:], None]:
+            batch = ahead.result()
+            if following is not None:
+                ahead = pool.submit(prepare_batch, extractor, task, following)
             yield batch
 
 
