@@ -7,9 +7,13 @@ damaged or missing chunk raises :class:`CorruptChunkError` naming the chunks.
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
+
 import numpy as np
 import zarr
 from zarr.core.buffer import default_buffer_prototype
+
+from mmdtl2_dist.store.chunk_files import chunk_layout, read_block
 
 
 class CorruptChunkError(ValueError):
@@ -100,8 +104,13 @@ def read_array_block(
     *,
     check_finite: bool = True,
     out: np.ndarray | None = None,
+    pool: Executor | None = None,
 ) -> np.ndarray:
     """Read ``array[r0:r1, c0:c1]`` of a feature array, refusing damaged data.
+
+    Arrays in the store's plain layout (uncompressed chunks with a CRC32C) are read
+    straight from their chunk files (:mod:`mmdtl2_dist.store.chunk_files`), others by
+    zarr; the values are the same.
 
     Parameters
     ----------
@@ -118,6 +127,8 @@ def read_array_block(
         A C-ordered array of the block's shape and the stored dtype to read into (a
         caller reading block after block reuses one: a fresh block of tens of MB is
         mapped and faulted in page by page, which costs as much as decoding it).
+    pool : Executor, optional
+        Threads that read the block's chunks at once (plain layout only).
 
     Returns
     -------
@@ -129,19 +140,28 @@ def read_array_block(
     CorruptChunkError
         If a chunk fails its checksum, cannot be decoded, or is missing.
     """
+    layout = chunk_layout(array_path)
+    if layout is not None and r1 > r0 and c1 > c0:
+        if out is None:
+            out = np.empty((r1 - r0, c1 - c0), dtype=layout.dtype)
+        block = read_block(layout, r0, r1, c0, c1, out, pool)
+    else:
+        block = _read_with_zarr(array_path, r0, r1, c0, c1, out)
+    # Ingest refuses NaN and NaN is the fill value: a NaN here is a lost chunk.
+    if check_finite and block.size and not np.isfinite(block).all():
+        bad, reason = _locate_bad_chunks(_open_cached(array_path), r0, r1, c0, c1)
+        raise CorruptChunkError(array_path, bad or [("?",)], reason or "hold non-finite values")
+    return block
+
+
+def _read_with_zarr(array_path: str, r0, r1, c0, c1, out: np.ndarray | None) -> np.ndarray:
     arr = _open_cached(array_path)
     try:
         if out is None:
-            block = arr[r0:r1, c0:c1]
-        else:
-            nd = default_buffer_prototype().nd_buffer.from_numpy_array(out)
-            arr.get_basic_selection((slice(r0, r1), slice(c0, c1)), out=nd)
-            block = out
+            return arr[r0:r1, c0:c1]
+        nd = default_buffer_prototype().nd_buffer.from_numpy_array(out)
+        arr.get_basic_selection((slice(r0, r1), slice(c0, c1)), out=nd)
+        return out
     except Exception as exc:  # noqa: BLE001 - translated into a located error below
         bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
         raise CorruptChunkError(array_path, bad or [("?",)], reason) from exc
-    # Ingest refuses NaN and NaN is the fill value: a NaN here is a lost chunk.
-    if check_finite and block.size and not np.isfinite(block).all():
-        bad, reason = _locate_bad_chunks(arr, r0, r1, c0, c1)
-        raise CorruptChunkError(array_path, bad or [("?",)], reason or "hold non-finite values")
-    return block
