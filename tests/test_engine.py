@@ -25,7 +25,13 @@ from mmdtl2_dist.commands import gram as gram_cmd
 from mmdtl2_dist.core.kernels import KernelSpec, kernel_from_gram
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.engine import GramStore, compute_gram, feature_blocks, gram_tile_plan
-from mmdtl2_dist.engine.plan import choose_tile_rows, max_tile_rows, row_segments, task_memory_bytes
+from mmdtl2_dist.engine.plan import (
+    GPU_TILE_ROWS,
+    choose_tile_rows,
+    max_tile_rows,
+    row_segments,
+    task_memory_bytes,
+)
 from mmdtl2_dist.store import CorruptChunkError, FeatureStore, StoreWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,6 +70,13 @@ def test_row_segments_and_feature_blocks():
     assert choose_tile_rows(2000, 256, 4056) == 2000
     assert choose_tile_rows(20_000, 256, 4056) == 2048
     assert choose_tile_rows(30, 30, 12) == 30
+    # A GPU tile keeps its accumulator on the device: larger tiles fit the same host
+    # budget (the page-locked blocks and the finished tile), up to GPU_TILE_ROWS.
+    on_gpu = choose_tile_rows(20_000, 256, 4056, 1024, 4, gpu=True)
+    assert on_gpu % 256 == 0 and 4 * 2048 > on_gpu > 2 * 2048
+    gpu_blocks = feature_blocks(64_896, 4056, on_gpu, 1024, 4, gpu=True)
+    assert task_memory_bytes(on_gpu, gpu_blocks[0][1], 4, gpu=True) <= 1024 * 2**20
+    assert choose_tile_rows(20_000, 256, 4056, 8192, 4, gpu=True) == GPU_TILE_ROWS
 
 
 # ------------------------------------------------------------------- helpers ---------
@@ -175,8 +188,8 @@ def test_deterministic_bits_whatever_the_workers(ray_local, tmp_path):
     )
     g2 = compute_gram(tmp_path / "st", "s", tmp_path / "g2", tile_rows=20, progress=False)
     assert np.array_equal(g1.to_numpy(), g2.to_numpy())
-    h1 = {k: m["blake2b"] for k, m in g1.finished_tiles().items()}
-    assert h1 == {k: m["blake2b"] for k, m in g2.finished_tiles().items()}
+    h1 = {k: m["crc32c"] for k, m in g1.finished_tiles().items()}
+    assert h1 == {k: m["crc32c"] for k, m in g2.finished_tiles().items()}
     assert len({m["pid"] for m in g2.finished_tiles().values()}) >= 1
 
 
@@ -195,8 +208,8 @@ def test_in_process_gram_has_the_bits_of_ray(ray_local, tmp_path):
     for dev in ("a", "b"):
         a, b = on_ray.stats(dev), here.stats(dev)
         assert np.array_equal(a.mean, b.mean) and np.array_equal(a.scale, b.scale)
-    assert {k: m["blake2b"] for k, m in on_ray.finished_tiles().items()} == {
-        k: m["blake2b"] for k, m in here.finished_tiles().items()
+    assert {k: m["crc32c"] for k, m in on_ray.finished_tiles().items()} == {
+        k: m["crc32c"] for k, m in here.finished_tiles().items()
     }
     assert {m["pid"] for m in here.finished_tiles().values()} == {os.getpid()}
 
@@ -445,6 +458,38 @@ def test_rerun_names_and_recomputes_damaged_output(ray_local, tmp_path, capsys):
     (out / "job.json").write_text(json.dumps({**job, "devices": ["a", "../../x"]}))
     with pytest.raises(ValueError, match=r"job.json is damaged or crafted: device name '\.\./"):
         GramStore.open(out)
+
+
+def test_tiles_marked_with_a_blake2b_hash_are_checked_with_it(tmp_path, capsys):
+    """Markers of Gram stores written before tiles recorded a CRC32C hold a blake2b hash:
+    a tile that matches it is kept, one that does not (or a marker with neither) is
+    recomputed, and the rewritten markers record a CRC32C."""
+    import hashlib
+
+    from mmdtl2_dist.engine import IN_PROCESS
+
+    data = _store(tmp_path / "st", {"a": 20, "b": 12}, 15, chunk_rows=8)
+    out = tmp_path / "g"
+    kw = {"tile_rows": 8, "address": IN_PROCESS, "progress": False}
+    G = compute_gram(tmp_path / "st", "s", out, **kw).to_numpy()
+    for key, (good, r0, c0) in {
+        "0_1": (True, 0, 8),
+        "1_1": (False, 8, 8),
+        "0_0": (None, 0, 0),
+    }.items():
+        path = out / "tiles" / f"{key}.json"
+        marker = json.loads(path.read_text())
+        del marker["crc32c"]
+        block = np.ascontiguousarray(G[r0 : r0 + 8, c0 : c0 + 8])
+        if good is not None:
+            digest = hashlib.blake2b(block.data, digest_size=16).hexdigest()
+            marker["blake2b"] = digest if good else "0" * 32
+        path.write_text(json.dumps(marker))
+    gs = compute_gram(tmp_path / "st", "s", out, **kw)
+    assert sorted(r.split()[1] for r in gs.last_run["repaired"]) == ["0_0", "1_1"]
+    assert np.array_equal(gs.to_numpy(), G)
+    assert "crc32c" in gs.finished_tiles()["1_1"] and "blake2b" in gs.finished_tiles()["0_1"]
+    _close(G, _numpy_gram(data, "none"))
 
 
 def _session_processes(pid: int) -> tuple[list[psutil.Process], list[psutil.Process]]:

@@ -147,6 +147,35 @@ def test_torch_tiles_equal_the_numpy_tiles(cnn_store, tmp_path):
     assert np.abs(mixed.to_numpy() - ref).max() / np.abs(ref).max() <= 1e-6
 
 
+@pytest.mark.parametrize("precision", ["float64", "mixed"])
+def test_torch_diagonal_tiles_compute_the_triangle_and_mirror_it_exactly(precision):
+    """A diagonal tile in sub-blocks (upper triangle only), against the float64 product.
+
+    2,600 rows make two sub-blocks a side (three products, not four); the tile must equal
+    ``X Xᵀ`` to float64 rounding (exact mode) or inside the mixed bound, and be exactly
+    symmetric, as numpy's ``syrk`` tiles are. An off-diagonal tile is one product.
+    """
+    pytest.importorskip("torch")
+    from mmdtl2_dist.engine.torch_products import TorchProduct, triangle_blocks
+
+    assert triangle_blocks(2600) == [(0, 1300), (1300, 2600)]
+    assert triangle_blocks(1000) == [(0, 1000)] and len(triangle_blocks(40_000)) == 8
+    rng = np.random.default_rng(4)
+    X = np.maximum(rng.standard_normal((2600, 300)), 0).astype(np.float32)
+    Y = rng.random((700, 300)).astype(np.float32)
+    X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
+    tol = 1e-13 if precision == "float64" else mixed_error_bound(300)
+    product = TorchProduct((2600, 2600), precision, PhaseTimer(), "cpu")
+    product.add(X[:, :200])
+    product.add(X[:, 200:])
+    G = product.result()
+    assert np.array_equal(G, G.T)
+    assert np.abs(G - X64 @ X64.T).max() <= tol * np.abs(X64 @ X64.T).max()
+    product = TorchProduct((2600, 700), precision, PhaseTimer(), "cpu")
+    product.add(X, Y)
+    assert np.abs(product.result() - X64 @ Y64.T).max() <= tol * np.abs(X64 @ Y64.T).max()
+
+
 def test_torch_tiles_repair_a_damaged_tile(cnn_store, tmp_path):
     """Resumability is the tiles' markers and hashes, whatever device computed them."""
     pytest.importorskip("torch")

@@ -198,6 +198,11 @@ class GramRun:
     max_in_flight: int | None = None
     progress: bool | None = None
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the tiles run on a CUDA device (sizes the tiles and their memory)."""
+        return self.device is not None and self.device.startswith("cuda")
+
     @classmethod
     def checked(cls, **options) -> GramRun:
         """The options with the tiles' device resolved and checked (:func:`_tile_device`)."""
@@ -246,7 +251,7 @@ def compute_gram(
         (:func:`~mmdtl2_dist.engine.location.gram_location`), where every study on the
         same store content, space, preprocessing and precision finds it. A missing path
         or an empty directory is created; a Gram store there is resumed or re-checked:
-        finished tiles are verified (checksums and the hash recorded when written) and
+        finished tiles are verified (checksums, and the CRC32C recorded when written) and
         skipped, damaged ones are recomputed and named on stderr and in
         ``last_run["repaired"]``. Anything else at the path is refused.
     gram_dir : str or Path, optional
@@ -357,13 +362,13 @@ def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, asked, run
     if _complete_gram_of(stored, fs, space, devices, preprocessing, precision):
         # used as it is, whatever plan was asked for
         tile_rows, parts = stored["tile_rows"], _stored(stored, "parts")
-    budget = run.max_task_memory_mb
+    budget, gpu = run.max_task_memory_mb, run.on_gpu
     if stored:  # resume with the stored plan (same summation order, same bits)
         tile_rows = stored["tile_rows"] if tile_rows is None else tile_rows
         parts = _stored(stored, "parts") if parts is None else parts
         col_blocks = [tuple(b) for b in stored["col_blocks"]]
         span = max(c1 - c0 for c0, c1 in col_blocks)
-        need = task_memory_bytes(tile_rows, span, itemsize)
+        need = task_memory_bytes(tile_rows, span, itemsize, gpu)
         if need > budget * 2**20 and stored.get("tile_rows") == tile_rows:
             raise ValueError(
                 f"resuming {out} needs {need / 2**20:.0f} MB per task (its feature blocks of "
@@ -371,8 +376,8 @@ def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, asked, run
             )
     else:
         if tile_rows is None:
-            tile_rows = choose_tile_rows(n_rows, chunk_rows, chunk_cols, budget, itemsize)
-        col_blocks = feature_blocks(n_features, chunk_cols, tile_rows, budget, itemsize)
+            tile_rows = choose_tile_rows(n_rows, chunk_rows, chunk_cols, budget, itemsize, gpu)
+        col_blocks = feature_blocks(n_features, chunk_cols, tile_rows, budget, itemsize, gpu)
         if parts is None:
             n_tiles = len(gram_tile_plan(n_rows, tile_rows))
             parts = choose_parts(n_tiles, len(col_blocks), workers())

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 DEFAULT_TILE_ROWS = 2048
+#: Most rows of a tile computed on a GPU: its float64 accumulator (2 GB) and blocks live
+#: on the device, and every row read from the store feeds ``tile_rows`` dot products.
+GPU_TILE_ROWS = 16384
 DEFAULT_TASK_MEMORY_MB = 1024
 TARGET_COL_SPAN = 8192
 _FIXED_OVERHEAD = 96 << 20  # interpreter, numpy, zarr and Ray worker baseline
@@ -93,18 +96,30 @@ def row_segments(offsets: list[int], start: int, stop: int) -> list[tuple[int, i
     return segs
 
 
-def task_memory_bytes(tile_rows: int, col_span: int, itemsize: int = 4) -> int:
-    """Peak memory of one Gram task (upper bound used for planning and Ray scheduling).
+def task_memory_bytes(tile_rows: int, col_span: int, itemsize: int = 4, gpu: bool = False) -> int:
+    """Peak host memory of one Gram task (upper bound used for planning and Ray scheduling).
 
-    Two row tiles of ``col_span`` columns are held as stored (``itemsize``) and as float64,
-    plus the zarr decode buffer, the float64 accumulator and one product block.
+    On the CPU, two row tiles of ``col_span`` columns are held as stored (``itemsize``)
+    and as float64, plus a conversion buffer, the float64 accumulator and one product
+    block. A GPU tile (``gpu``) holds two page-locked buffers per row tile, as stored,
+    and the finished tile and its encoded chunk; its accumulator and products are on the
+    device.
     """
-    block = tile_rows * col_span
-    return 2 * block * (2 * itemsize + 8) + 2 * tile_rows * tile_rows * 8 + _FIXED_OVERHEAD
+    return _per_row(col_span, itemsize, gpu) * tile_rows + 16 * tile_rows**2 + _FIXED_OVERHEAD
+
+
+def _per_row(col_span: int, itemsize: int, gpu: bool) -> int:
+    """Host bytes of a task per row of its tile, besides the tile itself."""
+    return 4 * itemsize * col_span if gpu else 2 * (2 * itemsize + 8) * col_span
 
 
 def feature_blocks(
-    n_features: int, chunk_cols: int, tile_rows: int, max_task_memory_mb: float, itemsize: int = 4
+    n_features: int,
+    chunk_cols: int,
+    tile_rows: int,
+    max_task_memory_mb: float,
+    itemsize: int = 4,
+    gpu: bool = False,
 ) -> list[tuple[int, int]]:
     """Column blocks ``(c0, c1)`` a task streams, aligned to the store's column chunks.
 
@@ -117,26 +132,28 @@ def feature_blocks(
         If even one column chunk does not fit; the message gives the largest tile that does.
     """
     budget = max_task_memory_mb * 2**20
-    if task_memory_bytes(tile_rows, min(chunk_cols, n_features), itemsize) > budget:
-        fit = max_tile_rows(min(chunk_cols, n_features), max_task_memory_mb, itemsize)
+    need = task_memory_bytes(tile_rows, min(chunk_cols, n_features), itemsize, gpu)
+    if need > budget:
+        fit = max_tile_rows(min(chunk_cols, n_features), max_task_memory_mb, itemsize, gpu)
         raise ValueError(
-            f"a Gram task of tile_rows={tile_rows} needs "
-            f"{task_memory_bytes(tile_rows, min(chunk_cols, n_features), itemsize) / 2**20:.0f} MB "
+            f"a Gram task of tile_rows={tile_rows} needs {need / 2**20:.0f} MB "
             f"with column blocks of {chunk_cols}, over max_task_memory_mb={max_task_memory_mb}; "
             f"use tile_rows <= {fit} or raise max_task_memory_mb."
         )
     k = max(1, TARGET_COL_SPAN // chunk_cols)
-    while k > 1 and task_memory_bytes(tile_rows, k * chunk_cols, itemsize) > budget:
+    while k > 1 and task_memory_bytes(tile_rows, k * chunk_cols, itemsize, gpu) > budget:
         k -= 1
     span = k * chunk_cols
     return [(c, min(c + span, n_features)) for c in range(0, n_features, span)]
 
 
-def max_tile_rows(col_span: int, max_task_memory_mb: float, itemsize: int = 4) -> int:
+def max_tile_rows(
+    col_span: int, max_task_memory_mb: float, itemsize: int = 4, gpu: bool = False
+) -> int:
     """Largest tile whose task fits the memory budget with ``col_span`` columns."""
     budget = max_task_memory_mb * 2**20 - _FIXED_OVERHEAD
-    # 16 t^2 + 2 (2 itemsize + 8) span t - budget = 0
-    b = 2 * (2 * itemsize + 8) * col_span
+    # 16 t^2 + per_row t - budget = 0
+    b = _per_row(col_span, itemsize, gpu)
     return max(0, int((-b + math.sqrt(b * b + 64 * max(budget, 0))) / 32))
 
 
@@ -146,20 +163,22 @@ def choose_tile_rows(
     chunk_cols: int,
     max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
     itemsize: int = 4,
+    gpu: bool = False,
 ) -> int:
     """Default tile size for a Gram of ``n_rows``: as large as allowed.
 
-    At most 2,048 rows, a multiple of the store's chunk rows, fitting
-    ``max_task_memory_mb``, and at most ``n_rows``: each row is read from the store once
-    per tile of its row, so fewer tiles read less. Workers are kept busy by splitting
-    the features of the tiles (:func:`choose_parts`), not by smaller tiles.
+    At most 2,048 rows (:data:`GPU_TILE_ROWS` on a GPU), a multiple of the store's chunk
+    rows, fitting ``max_task_memory_mb``, and at most ``n_rows``: each row is read from
+    the store once per tile of its row, so fewer tiles read less. Workers are kept busy
+    by splitting the features of the tiles (:func:`choose_parts`), not by smaller tiles.
     """
-    fit = max_tile_rows(chunk_cols, max_task_memory_mb, itemsize)
-    want = min(DEFAULT_TILE_ROWS, fit, n_rows)
+    fit = max_tile_rows(chunk_cols, max_task_memory_mb, itemsize, gpu)
+    most = min(GPU_TILE_ROWS if gpu else DEFAULT_TILE_ROWS, fit)
+    want = min(most, n_rows)
     if want >= chunk_rows:
         # Align tiles with the store's row chunks so each chunk is decoded by few tasks.
         up = math.ceil(want / chunk_rows) * chunk_rows
-        want = up if up <= min(fit, DEFAULT_TILE_ROWS) else (want // chunk_rows) * chunk_rows
+        want = up if up <= most else (want // chunk_rows) * chunk_rows
     return int(max(1, min(want, n_rows)))
 
 

@@ -30,14 +30,11 @@ into a float64 accumulator. Two precisions:
       64,896 dimensions is 1.3e-7 relative (300 samples, blocks of 8,112 features), inside
       the 1e-6 target (``tests/test_gram_precision.py``, BENCHMARKS.md).
 
-The torch products (:class:`TorchProduct`) run the same arithmetic on a torch device;
-torch is imported only for them (:func:`import_torch`).
+The torch products (:class:`~mmdtl2_dist.engine.torch_products.TorchProduct`) run the
+same arithmetic on a torch device; torch is imported only for them (:func:`import_torch`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 from scipy.linalg import blas
@@ -132,6 +129,8 @@ class NumpyProduct:
     """
 
     device = "numpy"
+    #: Blocks are read by the task's own thread: the other cores run other tiles.
+    read_pool = None
 
     def __init__(self, shape: tuple[int, int], precision: str, timer: PhaseTimer):
         self._acc = np.zeros(shape[::-1], order="F")
@@ -247,88 +246,10 @@ def reused_buffer(bufs: dict, key: str, shape: tuple[int, int], dtype) -> np.nda
     return buf[:size].reshape(shape)
 
 
-class TorchProduct:
-    """:class:`NumpyProduct`'s arithmetic on a torch device (GPU, or ``"cpu"``).
-
-    On a GPU the products are queued without waiting for them: the task reads and
-    converts the next feature block on the host while the device multiplies (the copy
-    to the device then waits for the device's previous work, in stream order). The
-    ``product`` phase is then the device's own time, measured with CUDA events, which
-    overlaps the host's ``read`` and ``cast``; the final copy back waits for the last
-    product. On torch's CPU device every step runs in turn, as with numpy.
-    """
-
-    def __init__(self, shape, precision: str, timer: PhaseTimer, device: str):
-        with timer.phase("setup"):  # the first tile of a worker imports torch, opens the device
-            self.torch = check_device(device)
-            self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
-        self.device = str(device)
-        self.cuda = self.device.startswith("cuda")
-        self.mixed = precision == "mixed"
-        self.timer = timer
-        self._events: list = []
-        self._bufs: dict[str, np.ndarray] = {}
-
-    def block_buffer(self, slot: str, shape: tuple[int, int], dtype) -> np.ndarray:
-        """A C-ordered array to read a block of ``slot`` into, reused block after block.
-
-        Safe to reuse: :meth:`add` has copied a block to the device (synchronously, from
-        pageable memory) or, on torch's CPU device, used it before it returns.
-        """
-        return reused_buffer(self._bufs, f"read-{slot}", shape, dtype)
-
-    def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
-        """``x`` as it goes to the device: float32 stays float32 (half the bytes to copy).
-
-        Exact mode converts it to float64 on the device.
-        """
-        return x.astype(np.float32, copy=False) if self.mixed or x.dtype != np.float64 else x
-
-    def _to_device(self, x: np.ndarray):
-        with self.timer.phase("transfer"):
-            return self.torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
-
-    def add(self, A: np.ndarray, B: np.ndarray | None = None) -> None:
-        """``G += A Bᵀ`` on the device (``B`` None: ``A Aᵀ``)."""
-        a = self._to_device(A)
-        b = a if B is None else self._to_device(B)
-        with self._product_time():
-            dtype = self.torch.float32 if self.mixed else self.torch.float64
-            a = a.to(dtype)
-            b = a if B is None else b.to(dtype)
-            if not self.mixed:
-                self.G.addmm_(a, b.T)
-                return
-            for k0 in range(0, a.shape[1], MIXED_SPAN):
-                self.G += a[:, k0 : k0 + MIXED_SPAN] @ b[:, k0 : k0 + MIXED_SPAN].T
-
-    @contextmanager
-    def _product_time(self) -> Iterator[None]:
-        """Host time on the CPU device; a pair of CUDA events (read at the end) on a GPU."""
-        if not self.cuda:
-            with self.timer.phase("product"):
-                yield
-            return
-        start = self.torch.cuda.Event(enable_timing=True)
-        end = self.torch.cuda.Event(enable_timing=True)
-        start.record()
-        yield
-        end.record()
-        self._events.append((start, end))
-
-    def result(self) -> np.ndarray:
-        """The tile in float64 on the host (waits for the device's last product)."""
-        with self.timer.phase("transfer"):
-            G = self.G.cpu().numpy()
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            ms = sum(start.elapsed_time(end) for start, end in self._events)
-            self.timer.seconds["product"] += ms / 1000.0
-        return G
-
-
 def tile_product(shape, precision: str, timer: PhaseTimer, device: str | None):
     """The product of a tile: numpy on the CPU (``device`` None), else torch on it."""
     if device is None:
         return NumpyProduct(shape, precision, timer)
+    from mmdtl2_dist.engine.torch_products import TorchProduct
+
     return TorchProduct(shape, precision, timer, device)

@@ -51,8 +51,7 @@ class JobRunner:
         ray = self.ray()
         if not hasattr(ray, "cluster_resources"):  # in this process: one task at a time
             return 1
-        cuda = self.run.device is not None and self.run.device.startswith("cuda")
-        count = ray.cluster_resources().get("GPU" if cuda else "CPU", 1)
+        count = ray.cluster_resources().get("GPU" if self.run.on_gpu else "CPU", 1)
         if self.run.max_in_flight is not None:
             count = min(count, self.run.max_in_flight)
         return max(1, int(count))
@@ -67,9 +66,9 @@ class JobRunner:
 def task_options(job: dict, itemsize: int, run) -> dict:
     """Ray options of the job's tile and part tasks: one CPU (or GPU), memory, retries."""
     span = max(c1 - c0 for c0, c1 in job["col_blocks"])
-    mem = task_memory_bytes(job["tile_rows"], span, itemsize)
+    mem = task_memory_bytes(job["tile_rows"], span, itemsize, run.on_gpu)
     opts = {"num_cpus": 1, "max_retries": run.max_retries, "memory": int(mem)}
-    if run.device is not None and run.device.startswith("cuda"):
+    if run.on_gpu:
         opts["num_gpus"] = 1
     return opts
 

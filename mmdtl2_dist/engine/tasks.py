@@ -80,12 +80,17 @@ def _preprocessed_rows(job, start, stop, c0, c1, stats, norms, product, timer, s
         for d, l0, l1 in segments:
             part = buf[job["offsets"][d] + l0 - start : job["offsets"][d] + l1 - start]
             with timer.phase("read"):
-                read_array_block(job["arrays"][d], l0, l1, c0, c1, check_finite=False, out=part)
+                read_array_block(
+                    job["arrays"][d], l0, l1, c0, c1,
+                    check_finite=False, out=part, pool=product.read_pool,
+                )  # fmt: skip
         return product.cast(buf, slot)
     parts = []
     for d, l0, l1 in segments:
         with timer.phase("read"):
-            x = read_array_block(job["arrays"][d], l0, l1, c0, c1, check_finite=False)
+            x = read_array_block(
+                job["arrays"][d], l0, l1, c0, c1, check_finite=False, pool=product.read_pool
+            )
         with timer.phase("cast"):
             if job["method"] != "none":
                 x = _preprocess(x.astype(np.float64), job, d, l0, l1, c0, c1, stats, norms)
@@ -166,7 +171,7 @@ def _store_tile(job: dict, tile: Tile, G: np.ndarray, timer: PhaseTimer, device,
             "tile": tile.key,
             "rows_a": [tile.a0, tile.a1],
             "rows_b": [tile.b0, tile.b1],
-            "blake2b": tile_digest(G),
+            "crc32c": checksum(G),
             **extra,
         }
     return _write_marker(Path(job["tiles_dir"]) / f"{tile.key}.json", fields, timer, device)
@@ -197,7 +202,7 @@ def _store_part(job: dict, tile: Tile, part: int, G, timer: PhaseTimer, device) 
             np.save(f, G, allow_pickle=False)
         os.replace(tmp, data)
     with timer.phase("digest"):
-        fields = {"tile": tile.key, "part": part, "crc32c": part_checksum(G)}
+        fields = {"tile": tile.key, "part": part, "crc32c": checksum(G)}
     return _write_marker(marker_path, fields, timer, device)
 
 
@@ -223,7 +228,7 @@ def load_part(tiles_dir: str | os.PathLike, tile: Tile, part: int, marker: dict)
         G = np.load(data, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise DamagedPartError(f"part file {data} cannot be read ({exc})") from None
-    if G.shape != shape or G.dtype != np.float64 or part_checksum(G) != marker.get("crc32c"):
+    if G.shape != shape or G.dtype != np.float64 or checksum(G) != marker.get("crc32c"):
         raise DamagedPartError(
             f"part file {data} holds other values than its task wrote (checksum in its marker)"
         )
@@ -288,21 +293,26 @@ def _raise_for_bad_inputs(job: dict, tile: Tile, blocks) -> None:
     )
 
 
-def tile_digest(G: np.ndarray) -> str:
-    """Hash of a tile's values, recorded in its marker to verify its chunk later."""
-    # The array's own bytes (C order), without the copy tobytes() makes.
-    return hashlib.blake2b(np.ascontiguousarray(G).data, digest_size=16).hexdigest()
+def checksum(G: np.ndarray) -> int:
+    """CRC32C of a tile's (or a partial tile's) values, recorded in its marker.
 
-
-def part_checksum(G: np.ndarray) -> int:
-    """CRC32C of a partial tile's values, checked before the tile's combine sums it.
-
-    A part file is this job's scratch, read back moments after it was written: a
-    checksum against damage (a truncated or overwritten file) is what it needs, at
-    several GB/s, where a tile's recorded blake2b digest costs the combine, which runs
-    after every part, ten times as long.
+    It tells whether the stored chunk or part file still holds what the task wrote (a
+    truncated, overwritten or swapped file), at several GB/s: a GPU tile of 16,384 rows
+    is 2 GB, which a cryptographic hash (blake2b, under 1 GB/s) would take seconds over.
     """
     return google_crc32c.value(np.ascontiguousarray(G).reshape(-1).view(np.uint8))
+
+
+def tile_matches(G: np.ndarray, marker: dict) -> bool:
+    """Whether ``G`` holds what the marker's task wrote.
+
+    Markers record a CRC32C; a Gram store written by an earlier version of the engine
+    records a blake2b hash instead, which is checked as such.
+    """
+    if "crc32c" in marker:
+        return checksum(G) == marker["crc32c"]
+    digest = hashlib.blake2b(np.ascontiguousarray(G).data, digest_size=16).hexdigest()
+    return "blake2b" in marker and digest == marker["blake2b"]
 
 
 def write_json_atomic(path: Path, content: dict) -> None:

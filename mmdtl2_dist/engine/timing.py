@@ -22,7 +22,7 @@ combine's ``read`` is loading its parts and its ``product`` summing them:
 ``write``
     Writing the Gram chunk (CRC32C encode, file write).
 ``digest``
-    The tile's hash (recorded in its marker) and the marker itself.
+    The tile's CRC32C (recorded in its marker) and the marker itself.
 
 plus the wall-clock ``start`` and ``end`` of the task, its process (``pid``, ``host``),
 the ``device`` it ran on and the BLAS threads of its process (``blas_threads``: one per

@@ -64,11 +64,11 @@ def _tile_damage(gram: zarr.Array, tile, marker: dict) -> str | None:
         block = gram[tile.a0 : tile.a1, tile.b0 : tile.b1]
     except Exception as exc:  # noqa: BLE001 - any decode failure (checksum, truncation)
         return f"cannot be decoded ({type(exc).__name__}: {exc})"
-    if tasks.tile_digest(block) == marker.get("blake2b"):
+    if tasks.tile_matches(block, marker):
         return None
     if np.isnan(block).all():
         return "is missing"
-    return "holds other values than its task wrote (hash recorded in its marker)"
+    return "holds other values than its task wrote (checksum recorded in its marker)"
 
 
 def _stats_arrays(job: dict) -> list[str]:

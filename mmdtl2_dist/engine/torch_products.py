@@ -1,0 +1,226 @@
+"""The block products of a Gram tile on a torch device: a GPU, or torch's CPU device.
+
+:class:`TorchProduct` runs the arithmetic of :class:`~mmdtl2_dist.engine.products.NumpyProduct`
+with torch: exact (float32 blocks converted to float64 on the device, float64 products)
+or mixed (float32 products over :data:`~mmdtl2_dist.engine.products.MIXED_SPAN` features,
+added to the float64 accumulator), with the same error bound.
+
+On a GPU the host never waits for the device until the tile is done:
+
+* a feature block is read into page-locked host memory (two buffers per operand, used
+  in turn, so the next block is read while the last one is copied), copied to the
+  device on a stream of its own, and multiplied on the compute stream once the copy is
+  there; meanwhile the task reads the next block. Reading, the copy and the product of
+  consecutive blocks overlap, and the tile runs at the pace of the slowest of the three
+  (on a data-centre GPU: reading, see BENCHMARKS.md);
+* the task's reads use several threads (:func:`read_pool`), as one core reads the store
+  far slower than a GPU multiplies;
+* ``product`` and ``transfer`` are the device's own times, from CUDA events.
+
+A diagonal tile computes the upper triangle only, in square sub-blocks of
+:func:`triangle_blocks` (torch has no ``syrk``): about 56 % of the full product's flops
+for 8 sub-blocks a side, against 50 % for ``syrk`` and 100 % for one product. The upper
+triangle is then mirrored, so the tile is exactly symmetric as on the CPU.
+
+On torch's CPU device (``device="cpu"``) the same code runs step after step: it is how
+the GPU path is tested on machines without one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from mmdtl2_dist.engine.products import MIXED_SPAN, check_device, reused_buffer
+from mmdtl2_dist.engine.timing import PhaseTimer
+
+#: Sub-blocks a side of a diagonal tile's triangle (fewer when they would be small).
+TRIANGLE_SPLIT = 8
+#: Fewest rows of a triangle sub-block: smaller products leave a GPU idle.
+MIN_TRIANGLE_ROWS = 1024
+#: Most threads a GPU tile reads its blocks with.
+MAX_READ_THREADS = 8
+
+_PINNED: dict[str, object] = {}
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def triangle_blocks(n: int) -> list[tuple[int, int]]:
+    """Row ranges of the sub-blocks of an ``n``-row diagonal tile (``TRIANGLE_SPLIT`` at most)."""
+    parts = max(1, min(TRIANGLE_SPLIT, n // MIN_TRIANGLE_ROWS))
+    step = math.ceil(n / parts)
+    return [(s, min(s + step, n)) for s in range(0, n, step)]
+
+
+def read_pool() -> ThreadPoolExecutor:
+    """The threads a GPU tile reads with: this process's cores, at most ``MAX_READ_THREADS``.
+
+    One pool per worker process, kept for its later tiles. Ray counts a GPU tile as one
+    CPU; its reads use more while the GPU computes, when the task's own core would idle.
+    """
+    if not _POOL:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        _POOL.append(ThreadPoolExecutor(max(1, min(MAX_READ_THREADS, cores)), "gram-read"))
+    return _POOL[0]
+
+
+class TorchProduct:
+    """The float64 accumulator of one tile on a torch device, and its block products."""
+
+    def __init__(self, shape, precision: str, timer: PhaseTimer, device: str):
+        with timer.phase("setup"):  # the first tile of a worker imports torch, opens the device
+            self.torch = check_device(device)
+            self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
+        self.device = str(device)
+        self.cuda = self.device.startswith("cuda")
+        self.mixed = precision == "mixed"
+        self.timer = timer
+        self.symmetric = False
+        self.read_pool = read_pool() if self.cuda else None
+        self._bufs: dict[str, np.ndarray] = {}
+        self._events: dict[str, list] = {"product": [], "transfer": []}
+        self._copied: dict[str, object] = {}  # pinned buffer -> event of its last copy
+        self._turn: dict[str, int] = {}
+        self._copy_stream = self.torch.cuda.Stream(device=device) if self.cuda else None
+
+    def block_buffer(self, slot: str, shape: tuple[int, int], dtype) -> np.ndarray:
+        """A C-ordered array to read a block of ``slot`` into.
+
+        On a GPU: one of the slot's two page-locked buffers, in turn, once the device
+        has finished copying what it last held. Elsewhere one buffer, reused.
+        """
+        if not self.cuda:
+            return reused_buffer(self._bufs, f"read-{slot}", shape, dtype)
+        turn = self._turn[slot] = 1 - self._turn.get(slot, 1)
+        key = f"read-{slot}-{turn}"
+        copied = self._copied.pop(key, None)
+        if copied is not None:
+            copied.synchronize()
+        return _pinned(self.torch, key, shape, dtype)
+
+    def cast(self, x: np.ndarray, slot: str = "a") -> np.ndarray:
+        """``x`` as it goes to the device: float32 stays float32 (half the bytes to copy).
+
+        Exact mode converts it to float64 on the device.
+        """
+        return x.astype(np.float32, copy=False) if self.mixed or x.dtype != np.float64 else x
+
+    def add(self, A: np.ndarray, B: np.ndarray | None = None) -> None:
+        """``G += A Bᵀ`` on the device (``B`` None: ``A Aᵀ``, the upper triangle only)."""
+        self.symmetric = B is None
+        dtype = self.torch.float32 if self.mixed else self.torch.float64
+        a = self._to_device(A)
+        b = a if B is None else self._to_device(B)
+        with self._device_time("product"):
+            a = a.to(dtype)
+            b = a if B is None else b.to(dtype)
+            if B is not None:
+                self._add_products(self.G, a, b)
+                return
+            rows = triangle_blocks(a.shape[0])
+            for k, (i0, i1) in enumerate(rows):
+                for j0, j1 in rows[k:]:
+                    self._add_products(self.G[i0:i1, j0:j1], a[i0:i1], a[j0:j1])
+
+    def _add_products(self, G, a, b) -> None:
+        if not self.mixed:
+            G.addmm_(a, b.T)
+            return
+        for k0 in range(0, a.shape[1], MIXED_SPAN):
+            G += a[:, k0 : k0 + MIXED_SPAN] @ b[:, k0 : k0 + MIXED_SPAN].T
+
+    def _to_device(self, x: np.ndarray):
+        """``x`` on the device; from a page-locked buffer, copied on the copy stream."""
+        x = np.ascontiguousarray(x)
+        if not self.cuda:
+            with self.timer.phase("transfer"):
+                return self.torch.from_numpy(x).to(self.device)
+        key = _pinned_key(x)
+        compute = self.torch.cuda.current_stream(self.device)
+        with self.torch.cuda.stream(self._copy_stream), self._device_time("transfer"):
+            t = self.torch.from_numpy(x).to(self.device, non_blocking=key is not None)
+        done = self.torch.cuda.Event()
+        done.record(self._copy_stream)
+        compute.wait_event(done)
+        t.record_stream(compute)  # its memory is reused only after the compute stream is done
+        if key is not None:
+            self._copied[key] = done
+        return t
+
+    def _device_time(self, phase: str):
+        """Host time on the CPU device; a pair of CUDA events (read at the end) on a GPU."""
+        if not self.cuda:
+            return self.timer.phase(phase)
+        return _EventPair(self.torch, self._events[phase])
+
+    def result(self) -> np.ndarray:
+        """The tile in float64 on the host (waits for the device's last product)."""
+        if self.symmetric:
+            with self._device_time("product"):
+                mirror_upper_blocks(self.torch, self.G, triangle_blocks(self.G.shape[0]))
+        with self.timer.phase("transfer"):
+            G = self.G.cpu().numpy()
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+            for phase, pairs in self._events.items():
+                ms = sum(start.elapsed_time(end) for start, end in pairs)
+                self.timer.seconds[phase] += ms / 1000.0
+        return G
+
+
+class _EventPair:
+    """Records a start and an end CUDA event on the current stream around a block."""
+
+    def __init__(self, torch, pairs: list):
+        self.torch, self.pairs = torch, pairs
+
+    def __enter__(self):
+        self.start = self.torch.cuda.Event(enable_timing=True)
+        self.start.record()
+        return self
+
+    def __exit__(self, *exc):
+        end = self.torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pairs.append((self.start, end))
+        return False
+
+
+def mirror_upper_blocks(torch, G, rows: list[tuple[int, int]]) -> None:
+    """Copy the upper triangle of the square ``G`` onto its lower one, block by block.
+
+    ``rows`` are the sub-blocks :meth:`TorchProduct.add` computed: the blocks below the
+    diagonal become the transposes of those above it, and each diagonal block its own
+    upper triangle mirrored, so ``G`` is exactly symmetric.
+    """
+    for k, (i0, i1) in enumerate(rows):
+        D = G[i0:i1, i0:i1]
+        D.copy_(torch.triu(D) + torch.triu(D, 1).T)
+        for j0, j1 in rows[k + 1 :]:
+            G[j0:j1, i0:i1].copy_(G[i0:i1, j0:j1].T)
+
+
+def _pinned(torch, key: str, shape: tuple[int, int], dtype) -> np.ndarray:
+    """A C-ordered ``shape`` view of this process's page-locked buffer ``key``, grown as needed.
+
+    Kept for the worker's later tiles: page-locking is slow (about as slow as reading
+    the memory it locks), and a GPU worker's tiles have the same size.
+    """
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    buf = _PINNED.get(key)
+    if buf is None or buf.numel() < size:
+        buf = _PINNED[key] = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    return buf.numpy()[:size].view(dtype).reshape(shape)
+
+
+def _pinned_key(x: np.ndarray) -> str | None:
+    """The page-locked buffer ``x`` lies at the start of, if any (its copy can be async)."""
+    start = x.__array_interface__["data"][0]
+    for key, buf in _PINNED.items():
+        if buf.data_ptr() == start:
+            return key
+    return None
