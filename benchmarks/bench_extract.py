@@ -27,8 +27,9 @@ measurement.
     python benchmarks/bench_extract.py --images 600 --memory-images 20000 --json out.json
     python benchmarks/bench_extract.py --images 3000 --gpus 1   # where a GPU is lent
 
-With ``--gpus N`` the plain loop also runs on the first GPU and ``extract`` on N GPU
-actors; the GPU/CPU ratio is the GPU figure over the CPU plain loop of the same run.
+With ``--gpus N`` the plain loop and the shard also run on the first GPU and ``extract``
+on N GPU actors; the GPU/CPU ratio is the GPU figure over the CPU plain loop of the same
+run. ``--no-ray`` leaves out the ``extract`` runs (on a machine without Ray).
 """
 
 from __future__ import annotations
@@ -88,14 +89,16 @@ def plain_loop(
     return len(paths) / (time.perf_counter() - t0)
 
 
-def shard_in_process(paths: list[str], spec, pre, batch: int, work: Path) -> float:
+def shard_in_process(
+    paths: list[str], spec, pre, batch: int, work: Path, device: str = "cpu"
+) -> float:
     """Images per second of ``run_shard`` on all ``paths`` as one shard, one torch thread."""
     import torch
 
     from mmdtl2_dist.extract.shards import run_shard
 
     torch.set_num_threads(1)
-    ex = Extractor(spec, "random:0", pre)
+    ex = Extractor(spec, "random:0", pre, device)
     task = {"paths": paths, "rows": range(len(paths)), "batch_size": batch, "skip_bad": False}
     seconds = run_shard(ex, {**task, "file": str(work / "shard.npz")})["seconds"]
     for f in work.glob("shard.*"):  # 5 GB at 20,000 images: not kept beside the store runs
@@ -131,12 +134,20 @@ def cuda_available() -> bool:
 
 
 def gpu_runs(paths, images: Path, work: Path, spec, pre, args) -> dict:
-    """The plain loop on one GPU, ``extract`` on ``args.gpus`` GPU actors, the card's name."""
+    """The plain loop and the shard on one GPU, ``extract`` on ``args.gpus`` GPU actors."""
     import torch
 
     res = {"card": torch.cuda.get_device_name(0)}
     res["plain_loop_images_per_s"] = plain_loop(paths, spec, pre, args.batch_size, "cuda")
     print(f"plain loop on {res['card']}: {res['plain_loop_images_per_s']:.1f} images/s", flush=True)
+    res["shard_in_process_images_per_s"] = shard_in_process(
+        paths, spec, pre, args.batch_size, work, "cuda"
+    )
+    print(
+        f"shard on {res['card']}: {res['shard_in_process_images_per_s']:.1f} images/s", flush=True
+    )
+    if args.no_ray:
+        return res
     res["extract"] = run_extract(
         images, work / "g.zarr", spec, pre, args.gpus, args.batch_size, args.gpus
     )
@@ -204,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-images", type=int, default=0, help="large set for memory (0: skip)")
     ap.add_argument("--gpus", type=int, default=0, help="also the plain loop and extract on GPUs")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument(
+        "--no-ray", action="store_true", help="only the runs in this process (no extract on Ray)"
+    )
     args = ap.parse_args(argv)
     if args.gpus and not cuda_available():
         raise SystemExit("--gpus: torch sees no CUDA device here; leave --gpus out on CPU.")
@@ -227,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             res["extract"] = []
-            for workers in sorted({1, args.max_workers}):
+            for workers in [] if args.no_ray else sorted({1, args.max_workers}):
                 r = run_extract(images, work / "s.zarr", spec, pre, workers, args.batch_size)
                 res["extract"].append(r)
                 print(f"extract: {json.dumps(r)}", flush=True)

@@ -176,6 +176,28 @@ def test_torch_diagonal_tiles_compute_the_triangle_and_mirror_it_exactly(precisi
     assert np.abs(product.result() - X64 @ Y64.T).max() <= tol * np.abs(X64 @ Y64.T).max()
 
 
+def test_gpu_tiles_equal_the_numpy_tiles(cnn_store, tmp_path):
+    """On a CUDA GPU (skipped elsewhere): page-locked reads in threads, the copy stream,
+    the triangle of a 2,600-row diagonal tile, preprocessing, both precisions."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here")
+    store, ref, absref = cnn_store
+    exact = _gram(store, tmp_path / "n", tile_rows=64, preprocessing="l2_zscore").to_numpy()
+    on_gpu = _gram(store, tmp_path / "g", tile_rows=64, preprocessing="l2_zscore", device="cuda")
+    np.testing.assert_allclose(on_gpu.to_numpy(), exact, rtol=0, atol=1e-12 * np.abs(exact).max())
+    mixed = _gram(store, tmp_path / "m", tile_rows=64, precision="mixed", device="cuda")
+    assert (np.abs(mixed.to_numpy() - ref) <= mixed_error_bound(L_CNN) * absref).all()
+    big = tmp_path / "big.zarr"
+    make_synthetic_store(big, SyntheticSpec(n_source=2600, n_target=0, dim=9000, seed=5))
+    X = FeatureStore.open(big).read("source", "conv3").astype(np.float64)
+    for tile_rows in (2600, 1000):  # one diagonal tile in sub-blocks; then 3 x 3 tiles
+        G = compute_gram(big, "conv3", tmp_path / f"big{tile_rows}", address=IN_PROCESS,
+                         device="cuda", tile_rows=tile_rows, progress=False).to_numpy()  # fmt: skip
+        assert np.array_equal(G, G.T)
+        np.testing.assert_allclose(G, X @ X.T, rtol=0, atol=1e-13 * np.abs(G).max())
+
+
 def test_torch_tiles_repair_a_damaged_tile(cnn_store, tmp_path):
     """Resumability is the tiles' markers and hashes, whatever device computed them."""
     pytest.importorskip("torch")
