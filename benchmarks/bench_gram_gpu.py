@@ -10,10 +10,11 @@ tile tasks a GPU worker of a Ray cluster runs, one at a time, as one GPU does; n
 4. the device's own matmul on tile-sized blocks resident on it (float64 and float32,
    ``a aᵀ`` of ``tile_rows x span``; CUDA events, median of 5) and its host-to-device
    copy rate from page-locked memory;
-5. the engine in each precision with ``--tile-rows`` (default 16,384, within
-   ``--max-task-memory-mb``), then with the default plan (the default 1 GB task
-   budget) and the process's GPU memory capped below the store's size (``--cap-gb``,
-   ``torch.cuda.set_per_process_memory_fraction``): out of core.
+5. the engine in each precision with the default plan (the default 1 GB task budget)
+   and the process's GPU memory capped below the store's size (``--cap-gb``,
+   ``torch.cuda.set_per_process_memory_fraction``): out of core; then with
+   the larger tiles of ``--max-task-memory-mb`` (default 8 GB: two tiles of 10,240
+   rows) or ``--tile-rows``.
 
 For each engine run: wall time, where the tiles' time went (phases; ``product`` and
 ``transfer`` are device times), the rate in useful flops (the symmetric product's
@@ -28,6 +29,7 @@ memory, and the error against the reference. The load of the host is recorded
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import sys
@@ -113,10 +115,14 @@ def engine_run(torch, args, store: Path, ref, ceilings, plan: tuple) -> dict:
     precision, tile_rows, budget_mb, cap_gb = plan
     cuda = args.device.startswith("cuda")
     if cuda:
+        gc.collect()
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(args.device).total_memory
+        index = torch.device(args.device).index
         torch.cuda.set_per_process_memory_fraction(
-            min(1.0, cap_gb * 2**30 / total) if cap_gb else 1.0, args.device
+            min(1.0, cap_gb * 2**30 / total) if cap_gb else 1.0,
+            torch.cuda.current_device() if index is None else index,
         )
         torch.cuda.reset_peak_memory_stats(args.device)
     out = Path(args.workdir) / "gram_gpu"
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=64_896)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--tile-rows", type=int, default=GPU_TILE_ROWS)
+    p.add_argument("--tile-rows", type=int, help="rows per tile (default: the engine's choice)")
     p.add_argument("--max-task-memory-mb", type=float, default=8192)
     p.add_argument("--cap-gb", type=float, default=4.0, help="GPU memory of the out-of-core runs")
     p.add_argument("--workdir", default="/tmp/mmdtl2_bench_gpu")
@@ -197,18 +203,20 @@ def main(argv: list[str] | None = None) -> int:
     path = fs.array_path("source", "conv3")
     span = 2 * fs.array("source", "conv3").chunks[1]
     with LoadMonitor() as load:
-        res["read"] = read_rates(path, min(args.tile_rows, args.n), span, args.dim)
+        rows = min(args.tile_rows or GPU_TILE_ROWS, args.n)
+        res["read"] = read_rates(path, rows, span, args.dim)
         print(f"read: {json.dumps(res['read'])}", flush=True)
         X = fs.read("source", "conv3")
         t0 = time.perf_counter()
         ref = reference_gram(torch, X, args.device)
         res["reference_seconds"] = time.perf_counter() - t0
-        res["device"] = device_ceilings(torch, X, args.device, min(args.tile_rows, args.n), span)
+        res["device"] = device_ceilings(torch, X, args.device, rows, span)
         print(f"device: {json.dumps(res['device'])}", flush=True)
         del X
         big, default = (args.tile_rows, args.max_task_memory_mb), (None, DEFAULT_TASK_MEMORY_MB)
-        plans = [(p, *big, None) for p in ("float64", "mixed")]
-        plans += [(p, *default, args.cap_gb) for p in ("float64", "mixed")]
+        # capped first: the caching allocator keeps what the large tiles reserved
+        plans = [(p, *default, args.cap_gb) for p in ("float64", "mixed")]
+        plans += [(p, *big, None) for p in ("float64", "mixed")]
         for plan in plans:
             try:
                 run = engine_run(torch, args, store, ref, res["device"], plan)

@@ -23,7 +23,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
     --format=csv | tee "$out/nvidia_smi.txt"
 nproc | tee -a "$out/nvidia_smi.txt"
 python3 benchmarks/bench_gram_gpu.py --out "$out/gram_gpu.json" 2>&1 | tee "$out/gram_gpu.log"
+# (study specs need jsonschema, which such a machine may lack)
 python3 -m pytest -q -p no:cacheprovider tests/test_gram_precision.py tests/test_chunk_files.py \
-    2>&1 | tee "$out/pytest.log"
+    -k "not study_spec" 2>&1 | tee "$out/pytest.log"
 python3 benchmarks/bench_extract.py --images 1000 --gpus 1 --no-ray \
     --json "$out/extract_gpu.json" 2>&1 | tee "$out/extract.log"

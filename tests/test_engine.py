@@ -76,7 +76,11 @@ def test_row_segments_and_feature_blocks():
     assert on_gpu % 256 == 0 and 4 * 2048 > on_gpu > 2 * 2048
     gpu_blocks = feature_blocks(64_896, 4056, on_gpu, 1024, 4, gpu=True)
     assert task_memory_bytes(on_gpu, gpu_blocks[0][1], 4, gpu=True) <= 1024 * 2**20
-    assert choose_tile_rows(20_000, 256, 4056, 8192, 4, gpu=True) == GPU_TILE_ROWS
+    # two even tiles (an edge tile's chunk is stored whole), not 16,384 + 3,616 rows
+    assert (
+        GPU_TILE_ROWS == 16_384 and choose_tile_rows(20_000, 256, 4056, 8192, 4, gpu=True) == 10_240
+    )
+    assert choose_tile_rows(4_000, 256, 4056, 1024) == 2048  # 2 x 2,000, aligned to 256
 
 
 # ------------------------------------------------------------------- helpers ---------

@@ -167,14 +167,19 @@ def choose_tile_rows(
 ) -> int:
     """Default tile size for a Gram of ``n_rows``: as large as allowed.
 
-    At most 2,048 rows (:data:`GPU_TILE_ROWS` on a GPU), a multiple of the store's chunk
-    rows, fitting ``max_task_memory_mb``, and at most ``n_rows``: each row is read from
-    the store once per tile of its row, so fewer tiles read less. Workers are kept busy
-    by splitting the features of the tiles (:func:`choose_parts`), not by smaller tiles.
+    At most 2,048 rows (:data:`GPU_TILE_ROWS` on a GPU, with tiles as even as the fewest
+    allow), a multiple of the store's chunk rows, fitting ``max_task_memory_mb``, and at
+    most ``n_rows``: each row is read from the store once per tile of its row, so fewer
+    tiles read less. Workers are kept busy by splitting the features of the tiles
+    (:func:`choose_parts`), not by smaller tiles.
     """
     fit = max_tile_rows(chunk_cols, max_task_memory_mb, itemsize, gpu)
-    most = min(GPU_TILE_ROWS if gpu else DEFAULT_TILE_ROWS, fit)
+    most = max(1, min(GPU_TILE_ROWS if gpu else DEFAULT_TILE_ROWS, fit))
     want = min(most, n_rows)
+    if gpu:
+        # The fewest tiles, of equal size: an edge tile's chunk is stored whole (zarr's
+        # regular grid), so 20,000 rows are two tiles of 10,240, not 16,384 + 3,616.
+        want = math.ceil(n_rows / math.ceil(n_rows / most))
     if want >= chunk_rows:
         # Align tiles with the store's row chunks so each chunk is decoded by few tasks.
         up = math.ceil(want / chunk_rows) * chunk_rows

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import google_crc32c
 import numpy as np
-import zarr
 
 from mmdtl2_dist.engine.plan import Tile, part_blocks, row_segments
 from mmdtl2_dist.engine.products import tile_product
 from mmdtl2_dist.engine.timing import PhaseTimer
+from mmdtl2_dist.store.blocks import write_array_chunk
 from mmdtl2_dist.store.feature_store import array_dtype, read_array_block
 
 L2_METHODS = ("l2", "l2_zscore")
@@ -164,8 +164,7 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms, part: int | None = None)
 def _store_tile(job: dict, tile: Tile, G: np.ndarray, timer: PhaseTimer, device, **extra) -> dict:
     """Write tile ``G`` to its Gram chunk, then its marker (what a finished tile is)."""
     with timer.phase("write"):
-        gram = zarr.open_array(job["gram_path"], mode="r+")
-        gram[tile.a0 : tile.a1, tile.b0 : tile.b1] = G
+        write_array_chunk(job["gram_path"], tile.i, tile.j, G)
     with timer.phase("digest"):
         fields = {
             "tile": tile.key,

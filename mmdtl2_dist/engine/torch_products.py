@@ -8,11 +8,11 @@ added to the float64 accumulator), with the same error bound.
 On a GPU the host never waits for the device until the tile is done:
 
 * a feature block is read into page-locked host memory (two buffers per operand, used
-  in turn, so the next block is read while the last one is copied), copied to the
-  device on a stream of its own, and multiplied on the compute stream once the copy is
-  there; meanwhile the task reads the next block. Reading, the copy and the product of
-  consecutive blocks overlap, and the tile runs at the pace of the slowest of the three
-  (on a data-centre GPU: reading, see BENCHMARKS.md);
+  in turn, so the next block is read while the last one is copied), copied on a stream
+  of its own into a device buffer paired with it, and multiplied on the compute stream
+  once the copy is there; meanwhile the task reads the next block. Reading, the copy
+  and the product of consecutive blocks overlap, and the tile runs at the pace of the
+  slowest of the three (on a data-centre GPU: reading and writing, see BENCHMARKS.md);
 * the task's reads use several threads (:func:`read_pool`), as one core reads the store
   far slower than a GPU multiplies;
 * ``product`` and ``transfer`` are the device's own times, from CUDA events.
@@ -85,6 +85,9 @@ class TorchProduct:
         self._copied: dict[str, object] = {}  # pinned buffer -> event of its last copy
         self._turn: dict[str, int] = {}
         self._copy_stream = self.torch.cuda.Stream(device=device) if self.cuda else None
+        self._device_bufs: dict[str, object] = {}
+        self._used: dict[str, object] = {}  # device buffer -> event after its last products
+        self._in_use: list[str] = []
 
     def block_buffer(self, slot: str, shape: tuple[int, int], dtype) -> np.ndarray:
         """A C-ordered array to read a block of ``slot`` into.
@@ -119,11 +122,16 @@ class TorchProduct:
             b = a if B is None else b.to(dtype)
             if B is not None:
                 self._add_products(self.G, a, b)
-                return
-            rows = triangle_blocks(a.shape[0])
-            for k, (i0, i1) in enumerate(rows):
-                for j0, j1 in rows[k:]:
-                    self._add_products(self.G[i0:i1, j0:j1], a[i0:i1], a[j0:j1])
+            else:
+                rows = triangle_blocks(a.shape[0])
+                for k, (i0, i1) in enumerate(rows):
+                    for j0, j1 in rows[k:]:
+                        self._add_products(self.G[i0:i1, j0:j1], a[i0:i1], a[j0:j1])
+        if self.cuda and self._in_use:  # the next copies into these buffers wait for this
+            used = self.torch.cuda.Event()
+            used.record(self.torch.cuda.current_stream(self.device))
+            self._used.update(dict.fromkeys(self._in_use, used))
+            self._in_use.clear()
 
     def _add_products(self, G, a, b) -> None:
         if not self.mixed:
@@ -133,22 +141,41 @@ class TorchProduct:
             G += a[:, k0 : k0 + MIXED_SPAN] @ b[:, k0 : k0 + MIXED_SPAN].T
 
     def _to_device(self, x: np.ndarray):
-        """``x`` on the device; from a page-locked buffer, copied on the copy stream."""
+        """``x`` on the device.
+
+        On a GPU a block in one of the page-locked buffers is copied on the copy stream,
+        without waiting, into the device buffer paired with it (allocated once per
+        tile: no allocation crosses streams, so the GPU memory a tile holds stays what
+        it needs); the compute stream waits for the copy, and the copy for the last
+        products that read that device buffer. Other arrays (preprocessed blocks) are
+        copied in turn.
+        """
         x = np.ascontiguousarray(x)
-        if not self.cuda:
+        key = _pinned_key(x) if self.cuda else None
+        if key is None:
             with self.timer.phase("transfer"):
                 return self.torch.from_numpy(x).to(self.device)
-        key = _pinned_key(x)
-        compute = self.torch.cuda.current_stream(self.device)
+        target = self._device_buffer(key, x)
+        if key in self._used:
+            self._copy_stream.wait_event(self._used[key])
+        self._in_use.append(key)
         with self.torch.cuda.stream(self._copy_stream), self._device_time("transfer"):
-            t = self.torch.from_numpy(x).to(self.device, non_blocking=key is not None)
+            target.copy_(self.torch.from_numpy(x), non_blocking=True)
         done = self.torch.cuda.Event()
         done.record(self._copy_stream)
-        compute.wait_event(done)
-        t.record_stream(compute)  # its memory is reused only after the compute stream is done
-        if key is not None:
-            self._copied[key] = done
-        return t
+        self.torch.cuda.current_stream(self.device).wait_event(done)
+        self._copied[key] = done
+        return target
+
+    def _device_buffer(self, key: str, x: np.ndarray):
+        """The device buffer paired with page-locked buffer ``key``, viewed as ``x``."""
+        size = x.nbytes
+        buf = self._device_bufs.get(key)
+        if buf is None or buf.numel() < size:
+            buf = self.torch.empty(size, dtype=self.torch.uint8, device=self.device)
+            self._device_bufs[key] = buf
+        dtype = self.torch.from_numpy(x[:0]).dtype
+        return buf[:size].view(dtype).view(x.shape)
 
     def _device_time(self, phase: str):
         """Host time on the CPU device; a pair of CUDA events (read at the end) on a GPU."""
@@ -157,12 +184,20 @@ class TorchProduct:
         return _EventPair(self.torch, self._events[phase])
 
     def result(self) -> np.ndarray:
-        """The tile in float64 on the host (waits for the device's last product)."""
+        """The tile in float64 on the host (waits for the device's last product).
+
+        On a GPU it is copied into this process's page-locked result buffer (ten times
+        the rate of a copy to fresh memory): valid until the worker's next tile.
+        """
         if self.symmetric:
             with self._device_time("product"):
                 mirror_upper_blocks(self.torch, self.G, triangle_blocks(self.G.shape[0]))
         with self.timer.phase("transfer"):
-            G = self.G.cpu().numpy()
+            if self.cuda:
+                G = _pinned(self.torch, "result", tuple(self.G.shape), np.float64)
+                self.torch.from_numpy(G).copy_(self.G)
+            else:
+                G = self.G.numpy()
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
             for phase, pairs in self._events.items():

@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 from zarr.core.buffer import default_buffer_prototype
 
-from mmdtl2_dist.store.chunk_files import chunk_layout, read_block
+from mmdtl2_dist.store.chunk_files import chunk_layout, read_block, write_chunk
 
 
 class CorruptChunkError(ValueError):
@@ -152,6 +152,21 @@ def read_array_block(
         bad, reason = _locate_bad_chunks(_open_cached(array_path), r0, r1, c0, c1)
         raise CorruptChunkError(array_path, bad or [("?",)], reason or "hold non-finite values")
     return block
+
+
+def write_array_chunk(array_path: str, i: int, j: int, values: np.ndarray) -> None:
+    """Write chunk ``(i, j)`` of a 2-d array whole (``values``: its part inside the array).
+
+    Plain-layout arrays are written straight to the chunk's file, atomically
+    (:func:`~mmdtl2_dist.store.chunk_files.write_chunk`); others through zarr.
+    """
+    layout = chunk_layout(array_path)
+    if layout is not None:
+        write_chunk(layout, i, j, values)
+        return
+    arr = zarr.open_array(array_path, mode="r+")
+    r0, c0 = i * arr.chunks[0], j * arr.chunks[1]
+    arr[r0 : r0 + values.shape[0], c0 : c0 + values.shape[1]] = values
 
 
 def _read_with_zarr(array_path: str, r0, r1, c0, c1, out: np.ndarray | None) -> np.ndarray:

@@ -20,7 +20,9 @@ would read a missing chunk as the fill value instead, NaN for feature arrays.
 from __future__ import annotations
 
 import json
+import os
 import threading
+import uuid
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,7 @@ class ChunkLayout:
     shape: tuple[int, int]
     chunks: tuple[int, int]
     dtype: np.dtype
+    fill_value: float = float("nan")
 
     @property
     def chunk_bytes(self) -> int:
@@ -89,7 +92,14 @@ def _read_layout(root: Path) -> ChunkLayout | None:
     if not plain:
         return None
     chunks = meta["chunk_grid"]["configuration"]["chunk_shape"]
-    return ChunkLayout(root, tuple(meta["shape"]), tuple(chunks), np.dtype(meta["data_type"]))
+    fill = meta.get("fill_value", 0.0)
+    return ChunkLayout(
+        root,
+        tuple(meta["shape"]),
+        tuple(chunks),
+        np.dtype(meta["data_type"]),
+        float(fill) if isinstance(fill, (int, float, str)) else float("nan"),
+    )
 
 
 def read_block(
@@ -165,3 +175,30 @@ def _read_into(f, buf: np.ndarray) -> int:
             break
         got += n
     return got
+
+
+def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> None:
+    """Write chunk ``(i, j)`` whole, atomically: its bytes, then their CRC32C.
+
+    The file is written under a temporary name, then renamed into place: readers see
+    the old chunk or the new one, never a part.
+    ``values`` is the chunk's part inside the array; an edge chunk is stored at the full
+    chunk shape, the rest filled with the array's fill value, as zarr stores it. One
+    file write of the array's own memory: zarr's write of a 512 MB chunk takes about ten
+    times as long (it copies the chunk several times on one thread).
+    """
+    if values.shape != layout.chunks:
+        full = np.full(layout.chunks, layout.fill_value, dtype=layout.dtype)
+        full[: values.shape[0], : values.shape[1]] = values
+        values = full
+    data = np.ascontiguousarray(values, dtype=layout.dtype).reshape(-1).view(np.uint8)
+    path = layout.chunk_path(i, j)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(memoryview(data))
+            f.write(google_crc32c.value(data).to_bytes(_CRC_BYTES, "little"))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
