@@ -134,7 +134,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="torch device of the tiles: cuda, cuda:N, or cpu (torch on the CPU); default "
         "numpy on the CPU, or cuda with --gpus",
     )
-    p.add_argument("--tile-rows", type=int, help="rows per tile (default: up to 2048)")
+    p.add_argument(
+        "--tile-rows",
+        type=int,
+        help="rows per tile (default: up to 2048 that fit --max-task-memory-mb; on a GPU up "
+        "to 16384, 5888 at the default 1 GB)",
+    )
     p.add_argument(
         "--feature-parts",
         type=int,
@@ -147,7 +152,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-task-memory-mb",
         type=float,
         default=DEFAULT_TASK_MEMORY_MB,
-        help=f"memory bound of one task ({DEFAULT_TASK_MEMORY_MB})",
+        help=f"host memory bound of one task ({DEFAULT_TASK_MEMORY_MB}); a GPU tile's "
+        "accumulator is on the GPU, so the same budget allows larger GPU tiles",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
     add_progress_option(p)
