@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
     print(f"wrote {out}")
-    return 0
+    return 1 if any("error" in run for run in res["runs"]) else 0
 
 
 def _print_run(run: dict) -> None:

@@ -80,7 +80,11 @@ def test_row_segments_and_feature_blocks():
     assert (
         GPU_TILE_ROWS == 16_384 and choose_tile_rows(20_000, 256, 4056, 8192, 4, gpu=True) == 10_240
     )
-    assert choose_tile_rows(4_000, 256, 4056, 1024) == 2048  # 2 x 2,000, aligned to 256
+    assert choose_tile_rows(4_000, 256, 4056, 1024) == 2048  # CPU tiles: 2,048 + 1,952 rows
+    # With preprocessing a GPU tile's blocks are also held outside the page-locked buffers
+    prep = choose_tile_rows(20_000, 256, 4056, 1024, 4, gpu=True, prep=True)
+    assert prep < on_gpu
+    assert task_memory_bytes(prep, 4056, 4, gpu=True, prep=True) <= 1024 * 2**20
 
 
 # ------------------------------------------------------------------- helpers ---------
@@ -465,7 +469,7 @@ def test_rerun_names_and_recomputes_damaged_output(ray_local, tmp_path, capsys):
 
 
 def test_tiles_marked_with_a_blake2b_hash_are_checked_with_it(tmp_path, capsys):
-    """Markers of Gram stores written before tiles recorded a CRC32C hold a blake2b hash:
+    """A marker that holds a blake2b hash instead of a CRC32C is checked with it:
     a tile that matches it is kept, one that does not (or a marker with neither) is
     recomputed, and the rewritten markers record a CRC32C."""
     import hashlib

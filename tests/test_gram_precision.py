@@ -121,14 +121,21 @@ def test_a_gram_stored_without_precision_is_the_exact_one(cnn_store, tmp_path):
     np.testing.assert_allclose(resumed.to_numpy(), ref, rtol=1e-12)
 
 
-def test_lost_feature_chunk_is_named_after_the_product(tmp_path):
-    """Inputs are checked on the finished tile (a NaN reaches its whole row), not per block:
-    a lost chunk (read as NaN, the fill value) is still named, and nothing is written."""
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_lost_feature_chunk_is_named_and_nothing_is_written(tmp_path, compression):
+    """A lost feature chunk is named and no tile is written. The store's own layout is read
+    straight from its files, which find the chunk missing; a compressed store is read by
+    zarr, which reads it as NaN (the fill value), and the inputs are then checked on the
+    finished tile (a NaN reaches its whole row), not per block."""
+    from mmdtl2_dist.store import StoreWriter
+
     store = tmp_path / "s.zarr"
-    make_synthetic_store(store, SyntheticSpec(n_source=40, n_target=0, dim=64, seed=1))
+    X = np.random.default_rng(1).random((40, 64)).astype(np.float32)
+    with StoreWriter(store, compression=compression) as w:
+        w.create_array("source", "conv3", 40, 64, chunk_rows=16).append(X)
     array = FeatureStore.open(store).array_path("source", "conv3")
     (Path(array) / "c" / "0" / "0").unlink()
-    with pytest.raises(CorruptChunkError, match=r"chunk\(s\) \(0, 0\)"):
+    with pytest.raises(CorruptChunkError, match=r"chunk\(s\) \(0, 0\) are missing"):
         _gram(store, tmp_path / "g")
     assert not list((tmp_path / "g" / "tiles").iterdir())
 

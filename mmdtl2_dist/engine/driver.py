@@ -362,13 +362,13 @@ def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, asked, run
     if _complete_gram_of(stored, fs, space, devices, preprocessing, precision):
         # used as it is, whatever plan was asked for
         tile_rows, parts = stored["tile_rows"], _stored(stored, "parts")
-    budget, gpu = run.max_task_memory_mb, run.on_gpu
+    budget, gpu, prep = run.max_task_memory_mb, run.on_gpu, preprocessing != "none"
     if stored:  # resume with the stored plan (same summation order, same bits)
         tile_rows = stored["tile_rows"] if tile_rows is None else tile_rows
         parts = _stored(stored, "parts") if parts is None else parts
         col_blocks = [tuple(b) for b in stored["col_blocks"]]
         span = max(c1 - c0 for c0, c1 in col_blocks)
-        need = task_memory_bytes(tile_rows, span, itemsize, gpu)
+        need = task_memory_bytes(tile_rows, span, itemsize, gpu, prep)
         if need > budget * 2**20 and stored.get("tile_rows") == tile_rows:
             raise ValueError(
                 f"resuming {out} needs {need / 2**20:.0f} MB per task (its feature blocks of "
@@ -376,8 +376,10 @@ def _plan_job(fs: FeatureStore, space, out, preprocessing, precision, asked, run
             )
     else:
         if tile_rows is None:
-            tile_rows = choose_tile_rows(n_rows, chunk_rows, chunk_cols, budget, itemsize, gpu)
-        col_blocks = feature_blocks(n_features, chunk_cols, tile_rows, budget, itemsize, gpu)
+            tile_rows = choose_tile_rows(
+                n_rows, chunk_rows, chunk_cols, budget, itemsize, gpu, prep
+            )
+        col_blocks = feature_blocks(n_features, chunk_cols, tile_rows, budget, itemsize, gpu, prep)
         if parts is None:
             n_tiles = len(gram_tile_plan(n_rows, tile_rows))
             parts = choose_parts(n_tiles, len(col_blocks), workers())

@@ -96,7 +96,9 @@ def row_segments(offsets: list[int], start: int, stop: int) -> list[tuple[int, i
     return segs
 
 
-def task_memory_bytes(tile_rows: int, col_span: int, itemsize: int = 4, gpu: bool = False) -> int:
+def task_memory_bytes(
+    tile_rows: int, col_span: int, itemsize: int = 4, gpu: bool = False, prep: bool = False
+) -> int:
     """Peak host memory of one Gram task (upper bound used for planning and Ray scheduling).
 
     On the CPU, two row tiles of ``col_span`` columns are held as stored (``itemsize``)
@@ -108,9 +110,11 @@ def task_memory_bytes(tile_rows: int, col_span: int, itemsize: int = 4, gpu: boo
     return _per_row(col_span, itemsize, gpu) * tile_rows + 16 * tile_rows**2 + _FIXED_OVERHEAD
 
 
-def _per_row(col_span: int, itemsize: int, gpu: bool) -> int:
+def _per_row(col_span: int, itemsize: int, gpu: bool, prep: bool = False) -> int:
     """Host bytes of a task per row of its tile, besides the tile itself."""
-    return 4 * itemsize * col_span if gpu else 2 * (2 * itemsize + 8) * col_span
+    if not gpu:
+        return 2 * (2 * itemsize + 8) * col_span
+    return (4 * itemsize + (2 * (itemsize + 20) if prep else 0)) * col_span
 
 
 def feature_blocks(
@@ -120,6 +124,7 @@ def feature_blocks(
     max_task_memory_mb: float,
     itemsize: int = 4,
     gpu: bool = False,
+    prep: bool = False,
 ) -> list[tuple[int, int]]:
     """Column blocks ``(c0, c1)`` a task streams, aligned to the store's column chunks.
 
@@ -132,28 +137,28 @@ def feature_blocks(
         If even one column chunk does not fit; the message gives the largest tile that does.
     """
     budget = max_task_memory_mb * 2**20
-    need = task_memory_bytes(tile_rows, min(chunk_cols, n_features), itemsize, gpu)
+    need = task_memory_bytes(tile_rows, min(chunk_cols, n_features), itemsize, gpu, prep)
     if need > budget:
-        fit = max_tile_rows(min(chunk_cols, n_features), max_task_memory_mb, itemsize, gpu)
+        fit = max_tile_rows(min(chunk_cols, n_features), max_task_memory_mb, itemsize, gpu, prep)
         raise ValueError(
             f"a Gram task of tile_rows={tile_rows} needs {need / 2**20:.0f} MB "
             f"with column blocks of {chunk_cols}, over max_task_memory_mb={max_task_memory_mb}; "
             f"use tile_rows <= {fit} or raise max_task_memory_mb."
         )
     k = max(1, TARGET_COL_SPAN // chunk_cols)
-    while k > 1 and task_memory_bytes(tile_rows, k * chunk_cols, itemsize, gpu) > budget:
+    while k > 1 and task_memory_bytes(tile_rows, k * chunk_cols, itemsize, gpu, prep) > budget:
         k -= 1
     span = k * chunk_cols
     return [(c, min(c + span, n_features)) for c in range(0, n_features, span)]
 
 
 def max_tile_rows(
-    col_span: int, max_task_memory_mb: float, itemsize: int = 4, gpu: bool = False
+    col_span: int, max_task_memory_mb: float, itemsize: int = 4, gpu: bool = False, prep=False
 ) -> int:
     """Largest tile whose task fits the memory budget with ``col_span`` columns."""
     budget = max_task_memory_mb * 2**20 - _FIXED_OVERHEAD
     # 16 t^2 + per_row t - budget = 0
-    b = _per_row(col_span, itemsize, gpu)
+    b = _per_row(col_span, itemsize, gpu, prep)
     return max(0, int((-b + math.sqrt(b * b + 64 * max(budget, 0))) / 32))
 
 
@@ -164,6 +169,7 @@ def choose_tile_rows(
     max_task_memory_mb: float = DEFAULT_TASK_MEMORY_MB,
     itemsize: int = 4,
     gpu: bool = False,
+    prep: bool = False,
 ) -> int:
     """Default tile size for a Gram of ``n_rows``: as large as allowed.
 
@@ -173,7 +179,7 @@ def choose_tile_rows(
     tiles read less. Workers are kept busy by splitting the features of the tiles
     (:func:`choose_parts`), not by smaller tiles.
     """
-    fit = max_tile_rows(chunk_cols, max_task_memory_mb, itemsize, gpu)
+    fit = max_tile_rows(chunk_cols, max_task_memory_mb, itemsize, gpu, prep)
     most = max(1, min(GPU_TILE_ROWS if gpu else DEFAULT_TILE_ROWS, fit))
     want = min(most, n_rows)
     if gpu:

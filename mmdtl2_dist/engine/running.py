@@ -66,7 +66,8 @@ class JobRunner:
 def task_options(job: dict, itemsize: int, run) -> dict:
     """Ray options of the job's tile and part tasks: one CPU (or GPU), memory, retries."""
     span = max(c1 - c0 for c0, c1 in job["col_blocks"])
-    mem = task_memory_bytes(job["tile_rows"], span, itemsize, run.on_gpu)
+    prep = job["preprocessing"] != "none"
+    mem = task_memory_bytes(job["tile_rows"], span, itemsize, run.on_gpu, prep)
     opts = {"num_cpus": 1, "max_retries": run.max_retries, "memory": int(mem)}
     if run.on_gpu:
         opts["num_gpus"] = 1

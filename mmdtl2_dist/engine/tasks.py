@@ -305,8 +305,8 @@ def checksum(G: np.ndarray) -> int:
 def tile_matches(G: np.ndarray, marker: dict) -> bool:
     """Whether ``G`` holds what the marker's task wrote.
 
-    Markers record a CRC32C; a Gram store written by an earlier version of the engine
-    records a blake2b hash instead, which is checked as such.
+    Markers record a CRC32C; a marker that holds a blake2b hash instead is checked
+    against it.
     """
     if "crc32c" in marker:
         return checksum(G) == marker["crc32c"]

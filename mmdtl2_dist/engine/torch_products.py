@@ -73,9 +73,11 @@ class TorchProduct:
     def __init__(self, shape, precision: str, timer: PhaseTimer, device: str):
         with timer.phase("setup"):  # the first tile of a worker imports torch, opens the device
             self.torch = check_device(device)
+            self.device = str(device)
+            self.cuda = self.device.startswith("cuda")
+            if self.cuda:  # a failed tile before this one may have left copies in flight
+                self.torch.cuda.synchronize(self.device)
             self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
-        self.device = str(device)
-        self.cuda = self.device.startswith("cuda")
         self.mixed = precision == "mixed"
         self.timer = timer
         self.symmetric = False
@@ -144,11 +146,11 @@ class TorchProduct:
         """``x`` on the device.
 
         On a GPU a block in one of the page-locked buffers is copied on the copy stream,
-        without waiting, into the device buffer paired with it (allocated once per
-        tile: no allocation crosses streams, so the GPU memory a tile holds stays what
-        it needs); the compute stream waits for the copy, and the copy for the last
-        products that read that device buffer. Other arrays (preprocessed blocks) are
-        copied in turn.
+        without waiting, into the device buffer paired with it (allocated once per tile,
+        on the compute stream, so the GPU memory a tile holds stays what it needs); the
+        compute stream waits for the copy, and the copy for the last products that read
+        that device buffer (for a fresh buffer, for everything queued before it). Other
+        arrays (preprocessed blocks) are copied in turn.
         """
         x = np.ascontiguousarray(x)
         key = _pinned_key(x) if self.cuda else None
@@ -159,8 +161,9 @@ class TorchProduct:
         if key in self._used:
             self._copy_stream.wait_event(self._used[key])
         self._in_use.append(key)
-        with self.torch.cuda.stream(self._copy_stream), self._device_time("transfer"):
-            target.copy_(self.torch.from_numpy(x), non_blocking=True)
+        with self._device_time("transfer", self._copy_stream):
+            with self.torch.cuda.stream(self._copy_stream):
+                target.copy_(self.torch.from_numpy(x), non_blocking=True)
         done = self.torch.cuda.Event()
         done.record(self._copy_stream)
         self.torch.cuda.current_stream(self.device).wait_event(done)
@@ -174,14 +177,22 @@ class TorchProduct:
         if buf is None or buf.numel() < size:
             buf = self.torch.empty(size, dtype=self.torch.uint8, device=self.device)
             self._device_bufs[key] = buf
+            # Fresh memory may be what products queued on the compute stream still read
+            # (the caching allocator hands back a stream's freed memory at once): the
+            # first copy into it waits for the compute stream.
+            self._copy_stream.wait_stream(self.torch.cuda.current_stream(self.device))
         dtype = self.torch.from_numpy(x[:0]).dtype
         return buf[:size].view(dtype).view(x.shape)
 
-    def _device_time(self, phase: str):
-        """Host time on the CPU device; a pair of CUDA events (read at the end) on a GPU."""
+    def _device_time(self, phase: str, stream=None):
+        """Host time on the CPU device; on a GPU, CUDA events read when the tile is done.
+
+        The events go on ``stream`` (default: the tile's compute stream).
+        """
         if not self.cuda:
             return self.timer.phase(phase)
-        return _EventPair(self.torch, self._events[phase])
+        stream = stream or self.torch.cuda.current_stream(self.device)
+        return _EventPair(self.torch, self._events[phase], stream)
 
     def result(self) -> np.ndarray:
         """The tile in float64 on the host (waits for the device's last product).
@@ -192,6 +203,8 @@ class TorchProduct:
         if self.symmetric:
             with self._device_time("product"):
                 mirror_upper_blocks(self.torch, self.G, triangle_blocks(self.G.shape[0]))
+        if self.cuda:  # the products' time is the events'; the copy back is timed alone
+            self.torch.cuda.current_stream(self.device).synchronize()
         with self.timer.phase("transfer"):
             if self.cuda:
                 G = _pinned(self.torch, "result", tuple(self.G.shape), np.float64)
@@ -207,19 +220,19 @@ class TorchProduct:
 
 
 class _EventPair:
-    """Records a start and an end CUDA event on the current stream around a block."""
+    """Records a start and an end CUDA event on ``stream`` around a block."""
 
-    def __init__(self, torch, pairs: list):
-        self.torch, self.pairs = torch, pairs
+    def __init__(self, torch, pairs: list, stream):
+        self.torch, self.pairs, self.stream = torch, pairs, stream
 
     def __enter__(self):
         self.start = self.torch.cuda.Event(enable_timing=True)
-        self.start.record()
+        self.start.record(self.stream)
         return self
 
     def __exit__(self, *exc):
         end = self.torch.cuda.Event(enable_timing=True)
-        end.record()
+        end.record(self.stream)
         self.pairs.append((self.start, end))
         return False
 

@@ -11,21 +11,24 @@ from zarr.codecs import Crc32cCodec
 
 from mmdtl2_dist.engine import tasks
 from mmdtl2_dist.engine.gram_store import JOB_FILE, TILES_DIR, GramStore
+from mmdtl2_dist.store.chunk_files import remove_stray_writes
 
 
 def forget_damaged(out: Path, job: dict, tiles, progress: bool) -> list[str]:
     """Check what earlier runs stored and forget its damaged parts, so this run redoes them.
 
-    Every finished tile's chunk is decoded (which checks its CRC32C) and hashed against
-    the hash its task recorded in the marker: a chunk that fails, is missing, or holds
+    Every finished tile's chunk is decoded (which checks its CRC32C) and checked against
+    the checksum its task recorded in the marker: a chunk that fails, is missing, or holds
     other values loses its marker and is recomputed. Damaged statistics are recomputed
     too (same bits: their sums have a fixed order) and a damaged diagonal is rewritten.
+    Chunk writes that a stop cut short before their rename are removed.
 
     Returns
     -------
     list of str
         What was damaged (also printed to stderr); empty if everything is intact.
     """
+    remove_stray_writes(str(out / "gram"))
     gram = zarr.open_array(str(out / "gram"), mode="r")
     markers = GramStore.open(out).finished_tiles()
     if progress and markers:

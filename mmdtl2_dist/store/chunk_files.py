@@ -8,19 +8,25 @@ into place; :func:`read_block` does that with a plain file read per chunk, witho
 going through zarr, whose synchronous reads of a process all run on one event-loop
 thread. One thread reads about 1.5 times as fast as zarr, and threads given in ``pool``
 read the chunks of one block at once: a GPU's tiles need the features faster than one
-core delivers them (BENCHMARKS.md, "The Gram engine on a GPU").
+core delivers them (BENCHMARKS.md, "Direct chunk reads and writes, and the engine on a
+GPU"). The CRC32C (``google_crc32c``) holds the GIL, so threads overlap the file reads
+and copies, not the checksums: about 8 GB/s in all on one core's checksums.
 
 :func:`chunk_layout` recognises the layout from the array's ``zarr.json`` and returns
 None for anything else (compressed chunks, another key encoding or byte order), which
 zarr then reads. Every chunk is read whole, and a missing, short, long or miscounted
-chunk file raises :class:`~mmdtl2_dist.store.blocks.CorruptChunkError` naming it; zarr
-would read a missing chunk as the fill value instead, NaN for feature arrays.
+chunk file raises :class:`~mmdtl2_dist.store.errors.CorruptChunkError` naming it. Zarr
+reads a missing chunk as the fill value instead (it writes no chunk that is all fill
+value): the store's arrays have NaN as fill value, which ingest refuses in features and
+no Gram holds, so every chunk of theirs is written. :func:`write_chunk` writes a whole
+chunk straight to its file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import uuid
 from concurrent.futures import Executor
@@ -30,8 +36,13 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 
+from mmdtl2_dist.store.errors import CorruptChunkError
+
 _CRC_BYTES = 4
 _LAYOUTS: dict[tuple, ChunkLayout | None] = {}
+_UNKNOWN = object()
+#: The stored types this reader takes, little-endian as the layout stores them.
+_DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
 _SCRATCH = threading.local()
 
 
@@ -56,26 +67,28 @@ class ChunkLayout:
 def chunk_layout(array_path: str) -> ChunkLayout | None:
     """The array's layout if its chunks can be read directly, else None.
 
-    Cached per path and version of its ``zarr.json``: an array written anew at the same
-    path (a store replaced with ``--overwrite``) is looked at again.
+    Cached per path and content of its ``zarr.json`` (half a kilobyte, read on every
+    call): an array written anew at the same path, a store replaced with
+    ``--overwrite`` say, is looked at again whatever the file system's timestamps.
     """
     root = Path(array_path)
     try:
-        st = (root / "zarr.json").stat()
+        raw = (root / "zarr.json").read_bytes()
     except OSError:
         return None
-    key = (str(root), st.st_ino, st.st_mtime_ns, st.st_size)
-    if key not in _LAYOUTS:
+    key = (str(root), raw)
+    layout = _LAYOUTS.get(key, _UNKNOWN)
+    if layout is _UNKNOWN:
         if len(_LAYOUTS) > 256:
             _LAYOUTS.clear()
-        _LAYOUTS[key] = _read_layout(root)
-    return _LAYOUTS[key]
+        layout = _LAYOUTS[key] = _parse_layout(root, raw)
+    return layout
 
 
-def _read_layout(root: Path) -> ChunkLayout | None:
+def _parse_layout(root: Path, raw: bytes) -> ChunkLayout | None:
     try:
-        meta = json.loads((root / "zarr.json").read_text())
-    except (OSError, ValueError):
+        meta = json.loads(raw)
+    except ValueError:
         return None
     codecs = meta.get("codecs", [])
     plain = (
@@ -85,21 +98,18 @@ def _read_layout(root: Path) -> ChunkLayout | None:
         == {"name": "default", "configuration": {"separator": "/"}}
         and [c.get("name") for c in codecs] == ["bytes", "crc32c"]
         and codecs[0].get("configuration", {}).get("endian") == "little"
-        and meta.get("data_type") in ("float32", "float64")
+        and meta.get("data_type") in _DTYPES
         and len(meta.get("shape", ())) == 2
         and not meta.get("storage_transformers")
     )
     if not plain:
         return None
+    try:
+        fill = float(meta.get("fill_value", 0.0))
+    except (TypeError, ValueError):  # a fill value written as bytes: leave it to zarr
+        return None
     chunks = meta["chunk_grid"]["configuration"]["chunk_shape"]
-    fill = meta.get("fill_value", 0.0)
-    return ChunkLayout(
-        root,
-        tuple(meta["shape"]),
-        tuple(chunks),
-        np.dtype(meta["data_type"]),
-        float(fill) if isinstance(fill, (int, float, str)) else float("nan"),
-    )
+    return ChunkLayout(root, tuple(meta["shape"]), tuple(chunks), _DTYPES[meta["data_type"]], fill)
 
 
 def read_block(
@@ -113,9 +123,21 @@ def read_block(
 ) -> np.ndarray:
     """Fill ``out`` with ``array[r0:r1, c0:c1]``, chunk by chunk (in ``pool``'s threads).
 
-    Raises CorruptChunkError naming every chunk of the block that is missing, of the
-    wrong size or fails its CRC32C.
+    Raises
+    ------
+    IndexError
+        If the block lies outside the array, or ``out`` has another shape.
+    CorruptChunkError
+        Naming every chunk of the block that is missing, of the wrong size or fails its
+        CRC32C, and what is wrong with each.
     """
+    n, m = layout.shape
+    if not (0 <= r0 < r1 <= n and 0 <= c0 < c1 <= m) or out.shape != (r1 - r0, c1 - c0):
+        raise IndexError(
+            f"rows [{r0}, {r1}) x columns [{c0}, {c1}) into an array of shape {out.shape}: "
+            f"{layout.root} has shape {layout.shape}; ask for a block inside it, into an "
+            "array of the block's shape."
+        )
     cr, cc = layout.chunks
     pieces = [
         (i, j)
@@ -135,33 +157,48 @@ def read_block(
         return problem
 
     problems = list(pool.map(copy_chunk, pieces) if pool else map(copy_chunk, pieces))
-    bad = [ij for ij, p in zip(pieces, problems, strict=True) if p is not None]
+    bad = {ij: p for ij, p in zip(pieces, problems, strict=True) if p is not None}
     if bad:
-        from mmdtl2_dist.store.blocks import CorruptChunkError
-
-        reasons = "; ".join(sorted({p for p in problems if p is not None}))
-        raise CorruptChunkError(str(layout.root), bad, reasons)
+        raise CorruptChunkError(str(layout.root), list(bad), _reasons(bad))
     return out
 
 
+def _reasons(bad: dict[tuple[int, int], str]) -> str:
+    """What is wrong with the bad chunks; with several kinds of damage, which has which."""
+    kinds = sorted(set(bad.values()))
+    if len(kinds) == 1:
+        return kinds[0]
+    return "are damaged: " + "; ".join(
+        f"{', '.join(str(ij) for ij, p in bad.items() if p == kind)} {kind}" for kind in kinds
+    )
+
+
 def _checked_chunk(layout: ChunkLayout, i: int, j: int) -> tuple[np.ndarray | None, str | None]:
-    """Chunk ``(i, j)`` as a view of this thread's scratch buffer, or what is wrong with it."""
+    """Chunk ``(i, j)`` as a view of this thread's scratch buffer, or what is wrong with it.
+
+    A chunk file that exists but cannot be read (its permissions, the disk) raises
+    OSError naming it: that is not damage that re-ingesting would mend.
+    """
     size = layout.chunk_bytes + _CRC_BYTES
     scratch = getattr(_SCRATCH, "buf", None)
-    if scratch is None or scratch.size < size + 1:
-        scratch = _SCRATCH.buf = np.empty(size + 1, dtype=np.uint8)
+    if scratch is None or scratch.size < size:
+        scratch = _SCRATCH.buf = np.empty(size, dtype=np.uint8)
+    path = layout.chunk_path(i, j)
     try:
-        with open(layout.chunk_path(i, j), "rb", buffering=0) as f:
-            got = _read_into(f, scratch[: size + 1])
+        with open(path, "rb", buffering=0) as f:
+            stored = os.fstat(f.fileno()).st_size
+            got = _read_into(f, scratch[:size]) if stored == size else stored
     except FileNotFoundError:
         return None, "are missing"
     except OSError as exc:
-        return None, f"could not be read ({exc.strerror or exc})"
+        raise OSError(
+            exc.errno, f"cannot read the chunk file {path} ({exc.strerror}); check its "
+            "permissions and the disk it is on"
+        ) from None  # fmt: skip
     if got != size:
-        return None, f"have the wrong size ({got} bytes where {size} are stored)"
+        return None, f"have the wrong size ({got} bytes where {size} are expected)"
     data = scratch[: layout.chunk_bytes]
-    stored = int.from_bytes(scratch[layout.chunk_bytes : size].tobytes(), "little")
-    if google_crc32c.value(data) != stored:
+    if google_crc32c.value(data) != int.from_bytes(scratch[layout.chunk_bytes : size], "little"):
         return None, "failed their CRC32C checksum"
     return data.view(layout.dtype).reshape(layout.chunks), None
 
@@ -187,6 +224,14 @@ def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> None
     file write of the array's own memory: zarr's write of a 512 MB chunk takes about ten
     times as long (it copies the chunk several times on one thread).
     """
+    grid = zip(layout.chunks, layout.shape, (i, j), strict=True)
+    inside = tuple(max(0, min(c, s - k * c)) if k >= 0 else 0 for c, s, k in grid)
+    if min(inside) <= 0 or values.shape != inside:
+        raise ValueError(
+            f"chunk ({i}, {j}) of {layout.root} (shape {layout.shape}, chunks "
+            f"{layout.chunks}) holds {inside} values inside the array, got {values.shape}; "
+            "pass a chunk of the array's grid and its part inside the array."
+        )
     if values.shape != layout.chunks:
         full = np.full(layout.chunks, layout.fill_value, dtype=layout.dtype)
         full[: values.shape[0], : values.shape[1]] = values
@@ -202,3 +247,19 @@ def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> None
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+#: The temporary name :func:`write_chunk` gives a chunk file until it is renamed.
+_STRAY_WRITE = re.compile(r"\.\d+\.[0-9a-f]{8}\.tmp")
+
+
+def remove_stray_writes(array_path: str) -> list[Path]:
+    """Remove the temporary chunk files that writes stopped before their rename left.
+
+    Only files named as :func:`write_chunk` names them (``c/<i>/.<j>.<8 hex>.tmp``) are
+    touched. Returns what was removed.
+    """
+    stray = [p for p in Path(array_path).glob("c/*/.*.tmp") if _STRAY_WRITE.fullmatch(p.name)]
+    for p in stray:
+        p.unlink(missing_ok=True)
+    return stray
