@@ -233,17 +233,23 @@ def mirror_upper(G: np.ndarray, block: int = 256) -> None:
         diag[rows, cols] = diag[cols, rows]
 
 
-def reused_buffer(bufs: dict, key: str, shape: tuple[int, int], dtype) -> np.ndarray:
-    """A C-ordered ``shape`` view of ``bufs[key]``, grown when too small, else reused.
+def reused_buffer(bufs: dict, key: str, shape: tuple[int, int], dtype, allocate=None) -> np.ndarray:
+    """A C-ordered ``shape`` view of the bytes ``bufs[key]``, grown when too small, else reused.
 
     A fresh array of tens of MB per block is mapped and faulted in page by page (and
     zeroed by the kernel): about as costly as reading or converting the block itself.
+    ``allocate(nbytes)`` makes the byte array (default ``np.empty``; GPU tiles allocate
+    page-locked memory).
     """
-    size = int(np.prod(shape))
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     buf = bufs.get(key)
-    if buf is None or buf.dtype != np.dtype(dtype) or buf.size < size:
-        buf = bufs[key] = np.empty(size, dtype=dtype)
-    return buf[:size].reshape(shape)
+    if buf is None or buf.size < nbytes:
+        buf = bufs[key] = (allocate or _host_bytes)(nbytes)
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def _host_bytes(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 def tile_product(shape, precision: str, timer: PhaseTimer, device: str | None):

@@ -44,7 +44,7 @@ MIN_TRIANGLE_ROWS = 1024
 #: Most threads a GPU tile reads its blocks with.
 MAX_READ_THREADS = 8
 
-_PINNED: dict[str, object] = {}
+_PINNED: dict[str, np.ndarray] = {}  # page-locked byte arrays (numpy views of torch's)
 _POOL: list[ThreadPoolExecutor] = []
 
 
@@ -257,18 +257,17 @@ def _pinned(torch, key: str, shape: tuple[int, int], dtype) -> np.ndarray:
     Kept for the worker's later tiles: page-locking is slow (about as slow as reading
     the memory it locks), and a GPU worker's tiles have the same size.
     """
-    dtype = np.dtype(dtype)
-    size = int(np.prod(shape)) * dtype.itemsize
-    buf = _PINNED.get(key)
-    if buf is None or buf.numel() < size:
-        buf = _PINNED[key] = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    return buf.numpy()[:size].view(dtype).reshape(shape)
+
+    def page_locked(nbytes: int) -> np.ndarray:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+    return reused_buffer(_PINNED, key, shape, dtype, page_locked)
 
 
 def _pinned_key(x: np.ndarray) -> str | None:
     """The page-locked buffer ``x`` lies at the start of, if any (its copy can be async)."""
     start = x.__array_interface__["data"][0]
     for key, buf in _PINNED.items():
-        if buf.data_ptr() == start:
+        if buf.__array_interface__["data"][0] == start:
             return key
     return None
