@@ -27,6 +27,7 @@ import numpy as np
 from mmdtl2_dist.engine.plan import Tile, part_blocks, row_segments
 from mmdtl2_dist.engine.products import tile_product
 from mmdtl2_dist.engine.timing import PhaseTimer
+from mmdtl2_dist.store.atomic import atomic_file
 from mmdtl2_dist.store.blocks import write_array_chunk
 from mmdtl2_dist.store.feature_store import array_dtype, read_array_block
 
@@ -196,10 +197,8 @@ def _store_part(job: dict, tile: Tile, part: int, G, timer: PhaseTimer, device) 
     data, marker_path = part_paths(job["tiles_dir"], tile, part)
     with timer.phase("write"):
         data.parent.mkdir(exist_ok=True)
-        tmp = data.with_name(f".{data.name}.{uuid.uuid4().hex[:8]}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic_file(data) as f:
             np.save(f, G, allow_pickle=False)
-        os.replace(tmp, data)
     with timer.phase("digest"):
         fields = {"tile": tile.key, "part": part, "crc32c": checksum(G)}
     return _write_marker(marker_path, fields, timer, device)
@@ -316,6 +315,5 @@ def tile_matches(G: np.ndarray, marker: dict) -> bool:
 
 def write_json_atomic(path: Path, content: dict) -> None:
     """Write JSON so that readers see the old file or the whole new one, never a part."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(content))
-    os.replace(tmp, path)
+    with atomic_file(path) as f:
+        f.write(json.dumps(content).encode())

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
-import uuid
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 
+from mmdtl2_dist.store.atomic import TEMPORARY_NAME, atomic_file
 from mmdtl2_dist.store.errors import CorruptChunkError
 
 _CRC_BYTES = 4
@@ -239,18 +238,9 @@ def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> None
     data = np.ascontiguousarray(values, dtype=layout.dtype).reshape(-1).view(np.uint8)
     path = layout.chunk_path(i, j)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data))
-            f.write(google_crc32c.value(data).to_bytes(_CRC_BYTES, "little"))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-#: The temporary name :func:`write_chunk` gives a chunk file until it is renamed.
-_STRAY_WRITE = re.compile(r"\.\d+\.[0-9a-f]{8}\.tmp")
+    with atomic_file(path) as f:
+        f.write(memoryview(data))
+        f.write(google_crc32c.value(data).to_bytes(_CRC_BYTES, "little"))
 
 
 def remove_stray_writes(array_path: str) -> list[Path]:
@@ -259,7 +249,11 @@ def remove_stray_writes(array_path: str) -> list[Path]:
     Only files named as :func:`write_chunk` names them (``c/<i>/.<j>.<8 hex>.tmp``) are
     touched. Returns what was removed.
     """
-    stray = [p for p in Path(array_path).glob("c/*/.*.tmp") if _STRAY_WRITE.fullmatch(p.name)]
+    stray = [
+        p
+        for p in Path(array_path).glob("c/*/.*.tmp")
+        if (m := TEMPORARY_NAME.fullmatch(p.name)) and m["name"].isdigit()
+    ]
     for p in stray:
         p.unlink(missing_ok=True)
     return stray

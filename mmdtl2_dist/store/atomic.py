@@ -1,0 +1,33 @@
+"""Files that readers see whole or not at all: written under a temporary name, then renamed."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+#: The temporary names :func:`atomic_file` gives, ``.<name>.<8 hex>.tmp``.
+TEMPORARY_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` into, renamed to ``path`` when the block ends.
+
+    It is written as ``.<name>.<8 hex>.tmp`` beside ``path`` (same file system, so the
+    rename is atomic): readers see the old file or the whole new one, never a part. If
+    the block raises, the temporary file is removed; a killed process leaves it, under
+    a name :data:`TEMPORARY_NAME` recognises.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
