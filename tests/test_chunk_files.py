@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -154,3 +155,16 @@ def test_a_chunk_write_killed_midway_leaves_the_old_chunk_and_a_temporary_file_r
     if left:  # the kill fell during a write (almost always: writing is most of the loop)
         assert remove_stray_writes(path) == left
     assert not list(chunk_dir.glob(".0.*.tmp")) and (chunk_dir / ".notes.tmp").exists()
+
+
+def test_a_thread_keeps_no_scratch_buffer_for_large_chunks(tmp_path, monkeypatch):
+    """Chunks above KEPT_SCRATCH are read into a buffer of their own (a GPU Gram's chunk
+    is up to 2 GB), not kept by the reading thread; the values are the same."""
+    from mmdtl2_dist.store import chunk_files
+
+    X = np.random.default_rng(5).random((40, 30)).astype(np.float32)
+    path = _store(tmp_path / "st", X)  # chunks of 16 x 30 float32: 1,924 bytes with CRC
+    monkeypatch.setattr(chunk_files, "KEPT_SCRATCH", 1000)
+    monkeypatch.setattr(chunk_files, "_SCRATCH", threading.local())
+    assert np.array_equal(read_array_block(path, 3, 40, 0, 30), X[3:])
+    assert getattr(chunk_files._SCRATCH, "buf", None) is None

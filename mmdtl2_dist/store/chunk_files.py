@@ -43,6 +43,8 @@ _UNKNOWN = object()
 #: The stored types this reader takes, little-endian as the layout stores them.
 _DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
 _SCRATCH = threading.local()
+#: Largest chunk a reading thread keeps a scratch buffer for (see :func:`_checked_chunk`).
+KEPT_SCRATCH = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -173,14 +175,20 @@ def _reasons(bad: dict[tuple[int, int], str]) -> str:
 
 
 def _checked_chunk(layout: ChunkLayout, i: int, j: int) -> tuple[np.ndarray | None, str | None]:
-    """Chunk ``(i, j)`` as a view of this thread's scratch buffer, or what is wrong with it.
+    """Chunk ``(i, j)`` as a view of a scratch buffer, or what is wrong with it.
+
+    Each thread keeps a scratch buffer for chunks up to :data:`KEPT_SCRATCH` bytes (a
+    feature chunk is about 4 MB); a larger one (a GPU Gram's chunk is up to 2 GB) is
+    read into a buffer of its own, freed with the block.
 
     A chunk file that exists but cannot be read (its permissions, the disk) raises
     OSError naming it: that is not damage that re-ingesting would mend.
     """
     size = layout.chunk_bytes + _CRC_BYTES
     scratch = getattr(_SCRATCH, "buf", None)
-    if scratch is None or scratch.size < size:
+    if size > KEPT_SCRATCH:
+        scratch = np.empty(size, dtype=np.uint8)
+    elif scratch is None or scratch.size < size:
         scratch = _SCRATCH.buf = np.empty(size, dtype=np.uint8)
     path = layout.chunk_path(i, j)
     try:
