@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from mmdtl2_dist.extract.model import BadImageError, Extractor, ModelSpec, Preprocessing
+from mmdtl2_dist.store.atomic import atomic_file
 from mmdtl2_dist.store.outputs import NO_ROOM
 
 
@@ -45,13 +46,8 @@ def temporary_sibling(path: Path) -> Path:
 
 def write_atomic(path: Path, save, data) -> None:
     """``save(file, data)`` (``np.save`` or ``np.savez``) under a temporary sibling, renamed."""
-    tmp = temporary_sibling(path)
-    try:
-        with open(tmp, "wb") as fh:
-            save(fh, data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path, temporary_sibling(path)) as fh:
+        save(fh, data)
 
 
 def _savez(fh, arrays: dict) -> None:

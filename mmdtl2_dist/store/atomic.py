@@ -15,16 +15,17 @@ TEMPORARY_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
 
 
 @contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+def atomic_file(path: str | os.PathLike, tmp: Path | None = None) -> Iterator[BinaryIO]:
     """A binary file to write ``path`` into, renamed to ``path`` when the block ends.
 
-    It is written as ``.<name>.<8 hex>.tmp`` beside ``path`` (same file system, so the
-    rename is atomic): readers see the old file or the whole new one, never a part. If
-    the block raises, the temporary file is removed; a killed process leaves it, under
-    a name :data:`TEMPORARY_NAME` recognises.
+    It is written as ``tmp`` beside ``path`` (same file system, so the rename is
+    atomic), by default ``.<name>.<8 hex>.tmp``: readers see the old file or the whole
+    new one, never a part. If the block raises, the temporary file is removed; a killed
+    process leaves it, under a name its caller's cleanup recognises
+    (:data:`TEMPORARY_NAME` for the default).
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = tmp or path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with open(tmp, "wb") as f:
             yield f

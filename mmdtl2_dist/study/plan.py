@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mmdtl2_dist.store.atomic import atomic_file
 from mmdtl2_dist.study.splits import Split
 
 PLAN_FORMAT = "mmdtl2-study-plan"
@@ -107,12 +108,6 @@ def arrays_path(path: str | Path) -> Path:
     return Path(path).with_suffix(".npz")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def save_plan(plan: StudyPlan, path: str | Path) -> None:
     """Write a plan as ``path`` (JSON) and ``arrays_path(path)`` (npz, no pickle).
 
@@ -139,7 +134,8 @@ def save_plan(plan: StudyPlan, path: str | Path) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     blob = buf.getvalue()
-    _write_atomic(arrays_path(path), blob)
+    with atomic_file(arrays_path(path)) as f:
+        f.write(blob)
     doc = {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
@@ -149,7 +145,8 @@ def save_plan(plan: StudyPlan, path: str | Path) -> None:
         "arrays_sha256": hashlib.sha256(blob).hexdigest(),
         "pairs": pairs,
     }
-    _write_atomic(path, json.dumps(doc, indent=1).encode())
+    with atomic_file(path) as f:
+        f.write(json.dumps(doc, indent=1).encode())
 
 
 def plan_error(path: Path, what: str) -> PlanError:
