@@ -383,11 +383,29 @@ def collect_frozen(job, data_dir, seed):
 
 # Two extensions of the frozen rule (BENCHMARKS.md, "Two extensions of the frozen rule,
 # studied on dev data"), each the frozen rule plus one change, constants fixed before the run.
-VARIANTS = ("frozen rule", "ST", "ST2", "ENS", "ENS+ST", "STF", "STF2", "STF2A")
+VARIANTS = ("frozen rule", "ST", "ST2", "ENS", "ENS+ST", "STF", "STF2", "STF2A", "STFH")
 # Self-training from the pick's fold fits: name -> (pseudo-labels per labelled target,
 # only rows on which the three fold fits agree). BENCHMARKS.md, "Self-training from the
 # rule's fold fits (STF)" and "Two strengths of STF's self-training (STF2, STF2A)".
-FOLD_SELF_TRAINING = {"STF": (1, False), "STF2": (2, False), "STF2A": (2, True)}
+# STFH's strength is per split (:func:`hard_shift_times`).
+FOLD_SELF_TRAINING = {
+    "STF": (1, False),
+    "STF2": (2, False),
+    "STF2A": (2, True),
+    "STFH": (None, False),
+}
+# STFH (BENCHMARKS.md, "Twice the pseudo-labels on hard shifts (STFH)"): STF2's strength
+# where the pick's mean held-out hinge loss is at least HARD_HINGE and no class has more
+# than DOUBLE_UP_TO labelled targets, STF's elsewhere.
+HARD_HINGE, DOUBLE_UP_TO = 0.25, 3
+
+
+def hard_shift_times(choice) -> int:
+    """STFH's pseudo-labels per labelled target: 2 on a hard shift at ≤ 3 labels per class."""
+    hinge = next(r["cv_hinge"] for r in choice.table if r["candidate"] == choice.pick)
+    return 2 if choice.n_per_class <= DOUBLE_UP_TO and hinge >= HARD_HINGE else 1
+
+
 ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targets
 
 
@@ -514,6 +532,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
         for name in fold_variants:
             t0 = time.perf_counter()
             times, agree = FOLD_SELF_TRAINING[name]
+            times = hard_shift_times(choice) if times is None else times
             eligible = agreeing_rows(per_fold) if agree else None
             grown, yt2, rows, labels = pseudo_labelled(
                 pool, ys, yt, scores, classes, times, eligible
