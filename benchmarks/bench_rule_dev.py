@@ -78,6 +78,7 @@ from mmdtl2_dist.core.auto import (
     fit_predict_auto,
     pca_dim,
     pool_problem,
+    pseudo_labels_per_labelled,
     rule_params,
 )
 from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
@@ -394,19 +395,15 @@ FOLD_SELF_TRAINING = {
     "STF2A": (2, True),
     "STFH": (None, False),
 }
-# STFH (BENCHMARKS.md, "Twice the pseudo-labels on hard shifts (STFH)"): STF2's strength
-# where the pick's mean held-out hinge loss is at least HARD_HINGE and no class has more
-# than DOUBLE_UP_TO labelled targets, STF's elsewhere.
-HARD_HINGE, DOUBLE_UP_TO = 0.25, 3
+ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targets
 
 
 def hard_shift_times(choice) -> int:
-    """STFH's pseudo-labels per labelled target: 2 on a hard shift at ≤ 3 labels per class."""
+    """STFH's pseudo-labels per labelled target (BENCHMARKS.md, "Twice the pseudo-labels
+    on hard shifts (STFH)"): STF2's 2 on a hard shift at ≤ 3 labels per class, STF's 1
+    elsewhere; the product's gate since STFH's adoption (``auto-2026-11-27-stfh``)."""
     hinge = next(r["cv_hinge"] for r in choice.table if r["candidate"] == choice.pick)
-    return 2 if choice.n_per_class <= DOUBLE_UP_TO and hinge >= HARD_HINGE else 1
-
-
-ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targets
+    return pseudo_labels_per_labelled(choice.n_per_class, hinge)
 
 
 def with_pseudo_labels(pool: SamplePool, yt, rows, labels):

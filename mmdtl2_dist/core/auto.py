@@ -35,13 +35,18 @@ alternative ``a`` in (T, S): ``g_a`` = mean over held-out samples of ``h_D − h
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
 them (in the same fit as its held-out samples); the pick's raw multiclass decision scores
 are averaged over its folds (one SVM objective with ``c_f = 1`` for every fold, so a score
-is a functional margin in the same units). Per class, as many unlabelled targets as the
-class has labelled ones, those predicted as that class with the largest margin of the top
-score over the second (:func:`confident_pseudo_labels`), join the labelled targets with
-that label, and the pick is fitted once on them: ``3·min(n, 3) + 1`` fits at most, 10.
-Without folds (F) or unlabelled targets the final fit uses the labelled targets alone.
-Designed on dev data and confirmed on a new split set (BENCHMARKS.md, "Self-training from
-the rule's fold fits (STF)"); the rule without it was version ``auto-2026-11-26``.
+is a functional margin in the same units). Per class, ``k`` unlabelled targets, those
+predicted as that class with the largest margin of the top score over the second
+(:func:`confident_pseudo_labels`), join the labelled targets with that label, and the pick
+is fitted once on them: ``3·min(n, 3) + 1`` fits at most, 10. ``k`` is the class's
+labelled count, twice that on a **hard shift** (:func:`pseudo_labels_per_labelled`): the
+pick's mean held-out hinge loss is at least :data:`HARD_HINGE` (the fold fits leave the
+held-out targets inside the margin or misclassified) and no class has more than
+:data:`DOUBLE_UP_TO` labelled targets. Without folds (F) or unlabelled targets the final
+fit uses the labelled targets alone. Designed on dev data and confirmed on new split sets
+(BENCHMARKS.md, "Self-training from the rule's fold fits (STF)" and "Twice the
+pseudo-labels on hard shifts (STFH)"); the rule without self-training was version
+``auto-2026-11-26``, with ``k`` always the labelled count ``auto-2026-11-26-stf``.
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here, not parameters.
@@ -60,8 +65,10 @@ from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
 from mmdtl2_dist.core.priors import PoolMap, SamplePool
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 
-AUTO_RULE = "auto-2026-11-26-stf"
+AUTO_RULE = "auto-2026-11-27-stfh"
 MAX_FOLDS = 3
+HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
+DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
 RULE_KEYS = ("prior", "prior_weight", "c_f")  # what the rule chooses; the caller sets the rest
 
 
@@ -220,14 +227,26 @@ def unlabelled_rows(pool: SamplePool, learn: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask)
 
 
-def self_training_pool(pool: SamplePool, yt, unl: np.ndarray, scores, classes):
+def pseudo_labels_per_labelled(n_per_class: int, pick_hinge: float) -> int:
+    """Self-training's pseudo-labels per labelled target: 2 on a hard shift, else 1.
+
+    Hard: the pick's mean held-out hinge loss ``pick_hinge`` is at least
+    :data:`HARD_HINGE` and the smallest class has at most :data:`DOUBLE_UP_TO` labelled
+    targets. On dev, twice the pseudo-labels gained where the fold fits could not
+    separate the held-out targets (SURF) and lost where they could (near-ceiling deep
+    features) or where labels were many (10 per class).
+    """
+    return 2 if n_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
+
+
+def self_training_pool(pool: SamplePool, yt, unl: np.ndarray, scores, classes, times: int):
     """The pool and labels grown by confidently pseudo-labelled unlabelled rows.
 
-    Per class as many rows as the class has labelled targets
+    Per class ``times`` × as many rows as the class has labelled targets
     (:func:`confident_pseudo_labels`); also returns the rows added (target pool rows) and
     their labels.
     """
-    per_class = dict(zip(*np.unique(yt, return_counts=True), strict=True))
+    per_class = {c: times * n for c, n in zip(*np.unique(yt, return_counts=True), strict=True)}
     rows, labels = confident_pseudo_labels(scores, classes, per_class)
     grown = pool.with_rows(target_train=np.r_[pool.target_train, unl[rows]])
     return grown, np.r_[yt, labels], unl[rows], labels
@@ -328,7 +347,10 @@ def select_auto(
     pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
     fit_pool, fit_yt, pseudo, labels = pool, yt, np.zeros(0, int), yt[:0]
     if scores.get(pick) is not None:
-        fit_pool, fit_yt, pseudo, labels = self_training_pool(pool, yt, unl, scores[pick], classes)
+        times = pseudo_labels_per_labelled(n_min, float(hinge[pick].mean()))
+        fit_pool, fit_yt, pseudo, labels = self_training_pool(
+            pool, yt, unl, scores[pick], classes, times
+        )
     table = [
         {
             "candidate": c,
