@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from mmdtl2_dist.cli import main as cli  # noqa: E402
 from mmdtl2_dist.datasets.office_caltech import SHIFTS  # noqa: E402
 from mmdtl2_dist.office import COLUMNS  # noqa: E402
+from mmdtl2_dist.study.runner import load_payloads, load_state_spec  # noqa: E402
 
 REFERENCE = ("source SVM", "target SVM")
 TARGET_MEAN = 56.0  # above every published figure for this protocol (issue 15)
@@ -71,12 +72,20 @@ def recommended_label(columns=COLUMNS) -> str:
 
 def study_results(folder: Path) -> tuple[dict, list[dict]]:
     """``(acc, columns)`` of a finished study folder: accuracies keyed ``"s-t|label"`` in
-    split order (as ``mmdtl2 office --out`` writes them) and each column's entry."""
-    payloads = [json.loads(p.read_text()) for p in sorted((folder / "results").glob("*.json"))]
-    if not payloads:
+    split order (as ``mmdtl2 office --out`` writes them) and each column's entry.
+
+    Only the trials of the study's spec as it stands are read (the report's
+    :func:`~mmdtl2_dist.study.runner.load_payloads`): results a folder keeps from an earlier
+    version of a method (another rule version, other parameters) are not mixed in.
+    """
+    try:
+        payloads, missing = load_payloads(load_state_spec(folder))
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
+    if missing:
         raise SystemExit(
-            f"{folder} has no results/*.json: pass the --output folder of a finished "
-            "`mmdtl2 study run` (or `mmdtl2 study resume` it first)."
+            f"{folder}: {len(missing)} of the study's {len(missing) + len(payloads)} trials "
+            f"have no results; finish it with `mmdtl2 study resume {folder}` first."
         )
     acc: dict = {}
     for p in payloads:

@@ -135,20 +135,38 @@ def test_final_office_table_runs_mmdtl2_office_and_counts_shifts_below(final, tm
 
 
 def test_final_table_reads_a_study_and_finds_its_auto_column(final, tmp_path):
-    """The main job's study (source/target SVM, ``select = "auto"``) gives the same table."""
-    study = tmp_path / "study" / "results"
-    study.mkdir(parents=True)
+    """The main job's study (source/target SVM, ``select = "auto"``) gives the same table,
+    from the trials of the study's spec only: a result kept from an earlier rule version
+    (same label, another trial key) is not mixed in."""
+    from mmdtl2_dist.study.spec import parse_spec
+
+    raw = {
+        "study": {"name": "final"},
+        "data": {"builtin": "office_caltech10", "space": "surf800",
+                 "pairs": [["amazon", "webcam"], ["webcam", "dslr"]]},
+        "splits": {"protocol": "fixed", "samples_per_class": [3]},
+        "methods": [{"label": "source SVM", "method": "source_svm"},
+                    {"label": "target SVM", "method": "target_svm"},
+                    {"label": "MMDTL2 auto", "method": "mmdtl2", "select": "auto"}],
+    }  # fmt: skip
+    folder = tmp_path / "study"
+    (folder / "results").mkdir(parents=True)
+    (folder / "study.json").write_text(json.dumps({"raw": raw, "spec_path": None}))
+    trials = parse_spec(raw, None, output=folder).trials()
     accs = {"source SVM": (0.40, 0.50), "target SVM": (0.45, 0.40), "MMDTL2 auto": (0.47, 0.48)}
-    for i, (label, (a, b)) in enumerate(accs.items()):
+    keys = [t.key for t in trials] + ["an-earlier-rule"]
+    stale = ("MMDTL2 auto", (0.1, 0.1))
+    for key, (label, (a, b)) in zip(keys, [*accs.items(), stale], strict=True):
         units = [
             {"pair": pair, "split": k, "accuracy": acc + 0.01 * k}
             for pair, acc in (("amazon->webcam", a), ("webcam->dslr", b))
             for k in (1, 0)  # stored out of order: read in split order
         ]
-        payload = {"label": label, "params": {}, "select": "auto" if i == 2 else {}, "units": units}
-        (study / f"{i}.json").write_text(json.dumps(payload))
+        select = "auto" if label == "MMDTL2 auto" else {}
+        payload = {"label": label, "params": {}, "select": select, "units": units}
+        (folder / "results" / f"{key}.json").write_text(json.dumps(payload))
     out = tmp_path / "final"
-    assert final.main(["--study", str(tmp_path / "study"), "--out", str(out)]) == 0
+    assert final.main(["--study", str(folder), "--out", str(out)]) == 0
     res = json.loads(out.with_suffix(".json").read_text())
     assert res["label"] == "MMDTL2 auto"
     rows = {r["shift"]: r for r in res["rows"]}
@@ -156,7 +174,10 @@ def test_final_table_reads_a_study_and_finds_its_auto_column(final, tmp_path):
     assert rows["amazon-webcam"]["MMDTL2 auto"]["gap"] == pytest.approx(2.0)
     assert rows["webcam-dslr"]["MMDTL2 auto"]["gap"] == pytest.approx(-2.0)
     assert res["summary"]["MMDTL2 auto"]["more_than_1_point_below"] == ["webcam-dslr"]
-    with pytest.raises(SystemExit, match="has no results/"):
+    (folder / "results" / f"{trials[0].key}.json").unlink()
+    with pytest.raises(SystemExit, match=r"1 of the study's 3 trials have no results; finish"):
+        final.main(["--study", str(folder), "--out", str(out)])
+    with pytest.raises(SystemExit, match="is not a study folder"):
         final.main(["--study", str(tmp_path), "--out", str(out)])
 
 
