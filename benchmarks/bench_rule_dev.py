@@ -31,7 +31,8 @@ extended to other label budgets: the same source rows, ``n`` labelled target row
 class drawn by the same generator), ``fresh`` (seed 2026, kept for the confirmation of
 the frozen rule), ``fresh2`` (seed 2029, for the confirmation of its extensions),
 ``fresh3`` (seed 2030, for the confirmation of STF, self-training from the fold fits) and
-``fresh4`` (seed 2031, for the confirmation of STF2 / STF2A, STF's stronger strengths).
+``fresh4`` (seed 2031, for the confirmation of STF2 / STF2A, STF's stronger strengths, and
+of STFH) and ``fresh5`` (seed 2032, for the guard's knife edge, PT).
 Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
@@ -94,8 +95,9 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
 # ``fresh`` confirmed the frozen rule itself, ``fresh2`` (seed 2029) its ST/ENS variants,
 # ``fresh3`` (seed 2030) self-training from the fold fits (``--variants STF``) and ``fresh4``
-# (seed 2031) its two stronger strengths (``--variants STF STF2 STF2A``).
-SEEDS = {**SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031}
+# (seed 2031) its two stronger strengths (``--variants STF STF2 STF2A``) and then STFH;
+# ``fresh5`` (seed 2032) the guard's deterministic knife edge (PT).
+SEEDS = {**SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032}
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
 # (label, fixed parameters, transductive prior or None, d in units of the class count C)
