@@ -25,7 +25,6 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from mmdtl2_dist.core.preprocessing import PREPROCESSING
-from mmdtl2_dist.engine import tasks
 from mmdtl2_dist.engine.gram_store import (
     GRAM_FORMAT,
     INDEX_FILE,
@@ -50,6 +49,7 @@ from mmdtl2_dist.engine.running import JobRunner, run_job
 from mmdtl2_dist.engine.timing import format_timing
 from mmdtl2_dist.engine.verify import finish, forget_damaged
 from mmdtl2_dist.progress import say
+from mmdtl2_dist.store.atomic import write_json_atomic
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.outputs import OutputKind, StagedOutput, claim_output
 
@@ -138,7 +138,7 @@ def _create_skeleton(out: Path, job: dict, fs: FeatureStore) -> None:
         index = pd.concat(parts, ignore_index=True).drop(columns=["space"])
         index.insert(0, "gram_row", np.arange(len(index), dtype=np.int64))
         index.to_parquet(tmp / INDEX_FILE, index=False)
-        tasks.write_json_atomic(tmp / JOB_FILE, job)
+        write_json_atomic(tmp / JOB_FILE, job)
 
 
 def _check_resumable(out: Path, job: dict) -> dict:
@@ -418,7 +418,7 @@ def _compute(fs: FeatureStore, space, out: Path, preprocessing, precision, asked
     job["complete"] = True
     result["repaired"] = repaired + result["repaired"]
     job["last_run"] = _run_summary(job, tiles, result, run, time.monotonic() - t_start)
-    tasks.write_json_atomic(out / JOB_FILE, job)
+    write_json_atomic(out / JOB_FILE, job)
     say(run.progress, f"gram {space}: {format_timing(result['timing'])}")
     return GramStore.open(out)
 

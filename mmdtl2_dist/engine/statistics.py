@@ -13,6 +13,7 @@ from mmdtl2_dist.engine import tasks
 from mmdtl2_dist.engine.gram_store import JOB_FILE
 from mmdtl2_dist.engine.scheduling import run_tasks
 from mmdtl2_dist.progress import say
+from mmdtl2_dist.store.atomic import write_json_atomic
 
 
 def stats_pass(ray, fs, job, out: Path, remote_opts: dict, progress, max_in_flight) -> None:
@@ -59,7 +60,7 @@ def stats_pass(ray, fs, job, out: Path, remote_opts: dict, progress, max_in_flig
                     overwrite=True,
                 )
     job["stats_done"] = True
-    tasks.write_json_atomic(out / JOB_FILE, job)
+    write_json_atomic(out / JOB_FILE, job)
 
 
 def load_stats(out: Path, job: dict):

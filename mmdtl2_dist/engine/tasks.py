@@ -27,7 +27,7 @@ import numpy as np
 from mmdtl2_dist.engine.plan import Tile, part_blocks, row_segments
 from mmdtl2_dist.engine.products import tile_product
 from mmdtl2_dist.engine.timing import PhaseTimer
-from mmdtl2_dist.store.atomic import atomic_file
+from mmdtl2_dist.store.atomic import atomic_file, write_json_atomic
 from mmdtl2_dist.store.blocks import write_array_chunk
 from mmdtl2_dist.store.feature_store import array_dtype, read_array_block
 
@@ -311,9 +311,3 @@ def tile_matches(G: np.ndarray, marker: dict) -> bool:
         return checksum(G) == marker["crc32c"]
     digest = hashlib.blake2b(np.ascontiguousarray(G).data, digest_size=16).hexdigest()
     return "blake2b" in marker and digest == marker["blake2b"]
-
-
-def write_json_atomic(path: Path, content: dict) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part."""
-    with atomic_file(path) as f:
-        f.write(json.dumps(content).encode())

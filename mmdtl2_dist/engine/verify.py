@@ -11,6 +11,7 @@ from zarr.codecs import Crc32cCodec
 
 from mmdtl2_dist.engine import tasks
 from mmdtl2_dist.engine.gram_store import JOB_FILE, TILES_DIR, GramStore
+from mmdtl2_dist.store.atomic import write_json_atomic
 from mmdtl2_dist.store.chunk_files import remove_stray_writes
 
 
@@ -51,7 +52,7 @@ def forget_damaged(out: Path, job: dict, tiles, progress: bool) -> list[str]:
     damaged = found + bad_stats + ([f"sq_norms {sq_why}"] if sq_why else [])
     if damaged:
         job["complete"] = False
-        tasks.write_json_atomic(out / JOB_FILE, job)
+        write_json_atomic(out / JOB_FILE, job)
         print(
             f"gram {job['space']}: {out} has damaged parts, recomputed in this run: "
             + "; ".join(damaged),

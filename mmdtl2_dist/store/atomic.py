@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -32,3 +33,12 @@ def atomic_file(path: str | os.PathLike, tmp: Path | None = None) -> Iterator[Bi
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: str | os.PathLike, content, **dumps) -> None:
+    """Write ``content`` as JSON (``json.dumps`` options ``dumps``), atomically.
+
+    Through :func:`atomic_file`: readers see the old file or the whole new one, never a part.
+    """
+    with atomic_file(path) as f:
+        f.write(json.dumps(content, **dumps).encode())

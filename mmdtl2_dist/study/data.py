@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mmdtl2_dist.store.atomic import write_json_atomic
+
 OFFICE_SPACE = "surf800"
 
 
@@ -73,11 +75,7 @@ def write_hoffman_split_file(path: Path) -> Path:
             }
             for sp in load_hoffman_splits(s, t)
         ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"source": "Hoffman et al. (MMDT), 20 random trials", "pairs": pairs})
-    )
-    tmp.replace(path)
+    write_json_atomic(path, {"source": "Hoffman et al. (MMDT), 20 random trials", "pairs": pairs})
     return path
 
 

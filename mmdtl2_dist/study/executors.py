@@ -26,7 +26,6 @@ To add an executor, write a class with the methods of :class:`Executor` and name
 from __future__ import annotations
 
 import importlib
-import json
 import multiprocessing
 import os
 import signal
@@ -35,6 +34,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from mmdtl2_dist.store.atomic import write_json_atomic
 
 if TYPE_CHECKING:  # the command line imports this module: no heavy imports at its top
     from mmdtl2_dist.study.spec import StudySpec, TrialSpec
@@ -181,9 +182,7 @@ class TrialSink:
         path = results / f"{payload['key']}.json"
         fresh = not path.exists()
         if fresh:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(payload))
-            tmp.replace(path)
+            write_json_atomic(path, payload)
         self._running.pop(payload["key"], None)
         if self.tracker is not None:
             self.tracker.log_trial(payload, self.tags)

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from mmdtl2_dist.progress import say
+from mmdtl2_dist.store.atomic import write_json_atomic
 from mmdtl2_dist.store.outputs import OutputKind, claim_output
 from mmdtl2_dist.study.executors import (
     Executor,
@@ -105,9 +106,7 @@ def _write_state(spec: StudySpec, extra: dict) -> None:
             **extra,
         }
     )
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, default=str))
-    tmp.replace(path)
+    write_json_atomic(path, state, indent=1, default=str)
 
 
 def load_state_spec(output: str | Path) -> StudySpec:
