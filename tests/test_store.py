@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -238,3 +240,17 @@ def test_crafted_store_is_refused_on_open(tmp_path, data):
     with pytest.raises(ValueError, match="b/s resolves outside the store"):
         FeatureStore.open(tmp_path / "link")
     assert FeatureStore.open(tmp_path / "st").devices == ["a", "b"]
+
+
+def test_json_written_atomically_keeps_the_old_file_when_the_new_one_fails(tmp_path):
+    """The study state, trial results, split files and Gram markers go through one writer:
+    a failed write leaves the old file and nothing beside it."""
+    from mmdtl2_dist.store.atomic import write_json_atomic
+
+    path = tmp_path / "study.json"
+    write_json_atomic(path, {"a": 1}, indent=1)
+    assert json.loads(path.read_text()) == {"a": 1} and path.read_text().startswith("{\n")
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        write_json_atomic(path, {"a": object()})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["study.json"]
