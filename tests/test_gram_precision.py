@@ -86,6 +86,36 @@ def test_block_products_update_the_accumulator_in_place():
             assert other is not None or np.array_equal(out, out.T)
 
 
+def test_tiles_after_other_tiles_reuse_the_scratch_and_keep_their_bits():
+    """A process keeps the products' scratch buffers for its next tile (no fresh pages per
+    task); what an earlier tile left in them never reaches a later one."""
+    from mmdtl2_dist.engine import products
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((90, 2500)).astype(np.float32)
+
+    def tile(precision, rows, symmetric):
+        prod = NumpyProduct((rows, rows), precision, PhaseTimer())
+        for c0 in range(0, 2500, 1000):
+            a = prod.block_buffer("a", (rows, min(1000, 2500 - c0)), np.float32)
+            a[:] = X[:rows, c0 : c0 + 1000]
+            b = None
+            if not symmetric:
+                b = prod.block_buffer("b", a.shape, np.float32)
+                b[:] = X[-rows:, c0 : c0 + 1000]
+            prod.add(a, b)
+        return prod.result().copy(), a
+
+    for precision in ("float64", "mixed"):
+        for symmetric in (True, False):
+            products._SCRATCH.clear()
+            alone, _ = tile(precision, 40, symmetric)
+            tile(precision, 90, not symmetric)[1].fill(np.nan)  # a larger tile, then NaN left
+            after, buf = tile(precision, 40, symmetric)
+            assert np.array_equal(after, alone), (precision, symmetric)
+            assert np.shares_memory(buf, products._SCRATCH["read-a"])
+
+
 def test_mixed_gram_is_never_taken_for_the_exact_one(cnn_store, tmp_path):
     store, ref, _ = cnn_store
     grams = tmp_path / "grams"

@@ -54,6 +54,14 @@ CAST_SPAN = 1024
 #: Unit roundoff of float32 and float64.
 U32, U64 = 2.0**-24, 2.0**-53
 
+#: The numpy products' scratch buffers (blocks read, float64 spans, the float32 product),
+#: kept by the process for its next tiles: a fresh array of tens of MB is faulted in page
+#: by page and zeroed by the kernel, about 50 ms for a 65 MB block here, a third of the
+#: block's read. A process computes one tile at a time (a Ray worker runs one task at a
+#: time, the in-process runner one after the other), so one set serves them all. The
+#: accumulator is the tile itself, which the task returns, and stays each tile's own.
+_SCRATCH: dict[str, np.ndarray] = {}
+
 TORCH_MISSING = (
     "Gram tiles on a torch device ({device}) need PyTorch, which is not installed here; "
     "install it with pip install '.[images]' (or pip install torch), or leave out "
@@ -139,7 +147,7 @@ class NumpyProduct:
         self.timer = timer
         self.symmetric = False
         self._buf: np.ndarray | None = None
-        self._bufs: dict[str, np.ndarray] = {}
+        self._bufs = _SCRATCH
 
     @property
     def G(self) -> np.ndarray:
@@ -192,7 +200,9 @@ class NumpyProduct:
         with self.timer.phase("product"):
             A, B = A.astype(np.float32, copy=False), B.astype(np.float32, copy=False)
             if self._buf is None:  # zeros: a symmetric product leaves one triangle alone
-                self._buf = np.zeros(self._acc.shape, dtype=np.float32, order="F")
+                n, m = self._acc.shape
+                self._buf = reused_buffer(self._bufs, "mixed", (m, n), np.float32).T
+                self._buf.fill(0.0)
             for k0 in range(0, A.shape[1], MIXED_SPAN):
                 a = None if self.symmetric else A[:, k0 : k0 + MIXED_SPAN]
                 self._buf = _blas_update(self._buf, B[:, k0 : k0 + MIXED_SPAN], a, 0.0)
