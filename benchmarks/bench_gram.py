@@ -3,10 +3,10 @@
 Modes
 -----
 ``throughput`` (default): a synthetic 2,000 x 64,896 float32 store; in the same run,
-    ``X @ X.T`` in memory (float32 and float64, numpy with all cores) versus the engine
-    reading the Zarr store on a local Ray, with 1 worker (one task in flight) and with
-    2 workers, in each ``--precision`` (float64 exact, mixed). Writes
-    ``results/gram_throughput.json``.
+    ``X @ X.T`` in memory (float32 and float64, numpy with all cores, timed before and
+    after the engine's runs, the faster of the two kept) versus the engine reading the
+    Zarr store on a local Ray, with 1 worker (one task in flight) and with 2 workers,
+    in each ``--precision`` (float64 exact, mixed). Writes ``results/gram_throughput.json``.
 ``big``: a synthetic 20,000 x 64,896 float32 store (5.2 GB) written shard by shard, then
     its Gram through the engine in each precision, with the peak memory of the whole job
     (driver + Ray processes, summed RSS sampled every 0.2 s). Writes
@@ -16,7 +16,10 @@ Every engine run prints where its time went (per phase, per worker:
 :mod:`mmdtl2_dist.engine.timing`) and its wall time predicted by the cost model
 (:mod:`mmdtl2_dist.engine.cost`) from one worker's calibrated rates. The load of the
 machine is sampled over the whole run (:class:`LoadMonitor`); a run that other processes
-competed with is flagged ``NOISY`` and its ratios are not a measurement.
+competed with, or in which numpy's own times moved by more than :data:`MAX_SPEED_DRIFT`
+between start and end (:func:`speed_drift`: a virtual machine's neighbours or a changed
+clock, which the load does not show), is flagged ``NOISY`` and its ratios are not a
+measurement.
 
 Usage::
 
@@ -280,8 +283,7 @@ def throughput(args) -> dict:
     flops = float(n) * n * L  # symmetric product: n(n+1)/2 dot products of 2L flops
     with LoadMonitor() as load:
         X64 = X.astype(np.float64)
-        t32 = _timed(lambda: X @ X.T, args.repeat)
-        t64 = _timed(lambda: X64 @ X64.T, args.repeat)
+        before = _numpy_seconds(X, X64, args.repeat)
         ref = X64 @ X64.T
         ray.init(
             address="local",
@@ -297,15 +299,16 @@ def throughput(args) -> dict:
             runs = _engine_runs(args, store, work, ref, n)
         finally:
             ray.shutdown()
+        after = _numpy_seconds(X, X64, args.repeat)
         first = next(iter(runs.values()))
         cal = calibrate(store, first["tile_rows"], _span_of(work / "gram"), args.device)
     result = {
         "benchmark": "gram_throughput",
         "shape": [n, L],
         "machine": machine(),
-        "load": load.summary(),
-        "numpy_f32_seconds": t32,
-        "numpy_f64_seconds": t64,
+        "load": {**load.summary(), **speed_drift(before, after)},
+        "numpy_f32_seconds": min(before[0], after[0]),
+        "numpy_f64_seconds": min(before[1], after[1]),
         "numpy_threads": _blas_threads(),
         "engine": runs,
         "calibration": cal,
@@ -314,6 +317,32 @@ def throughput(args) -> dict:
     result["cost_model"] = cost_model(result)
     _print_throughput(result, flops, args.repeat)
     return result
+
+
+def _numpy_seconds(X: np.ndarray, X64: np.ndarray, repeat: int) -> tuple[float, float]:
+    """Best-of-``repeat`` seconds of numpy's ``X @ X.T`` in float32 and in float64."""
+    return _timed(lambda: X @ X.T, repeat), _timed(lambda: X64 @ X64.T, repeat)
+
+
+#: Largest change of numpy's own times between the start and the end of a run that
+#: still counts as a quiet machine.
+MAX_SPEED_DRIFT = 0.10
+
+
+def speed_drift(before: tuple[float, ...], after: tuple[float, ...]) -> dict:
+    """How much numpy's times moved between the start and the end of the run.
+
+    The load monitor sees other processes of this machine, not a virtual machine's
+    neighbours or a changed clock: numpy's own product, timed before and after the
+    engine's runs, does. A run where it moved by more than :data:`MAX_SPEED_DRIFT` is
+    ``noisy``: the engine's runs in between met another machine speed than either.
+    """
+    drift = max(max(a, b) / min(a, b) - 1.0 for a, b in zip(before, after, strict=True))
+    return {
+        "numpy_seconds_before_after": [list(before), list(after)],
+        "speed_drift": drift,
+        "speed_noisy": drift > MAX_SPEED_DRIFT,
+    }
 
 
 def _span_of(gram_path: Path) -> int:
@@ -387,10 +416,17 @@ def _print_throughput(result: dict, flops: float, repeat: int) -> None:
     print(
         f"load average (1 min) over the run {load['load_avg_1min']['min']:.2f}-"
         f"{load['load_avg_1min']['max']:.2f}; other processes used "
-        f"{load['foreign_cores_mean']:.2f} cores on average (max {load['foreign_cores_max']:.2f})"
+        f"{load['foreign_cores_mean']:.2f} cores on average (max {load['foreign_cores_max']:.2f});"
+        f" numpy's times moved by {load['speed_drift']:.0%} from start to end"
         + (
             "\nNOISY RUN: other processes competed for the cores; do not use its ratios."
             if load["noisy"]
+            else ""
+        )
+        + (
+            "\nNOISY RUN: the machine's speed changed during the run (numpy's times moved by"
+            f" more than {MAX_SPEED_DRIFT:.0%}); do not use its ratios."
+            if load["speed_noisy"]
             else ""
         )
     )

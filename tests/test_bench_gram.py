@@ -42,6 +42,9 @@ def test_throughput_reports_timing_prediction_and_load(tmp_path):
     assert res["engine"]["mixed, 2 workers"]["max_rel_err"] < 1e-6
     assert set(res["ratios"]) == {"float64", "mixed"}
     assert res["load"]["samples"] >= 1 and "noisy" in res["load"]
+    before, after = res["load"]["numpy_seconds_before_after"]
+    assert res["numpy_f64_seconds"] == min(before[1], after[1])
+    assert "numpy's times moved by" in done.stdout
     assert res["calibration"]["flops_per_s_float64"] > 0
     assert "where the time goes, float64, 2 workers" in done.stdout
     assert "predicted" in done.stdout
@@ -62,6 +65,15 @@ def test_big_reports_memory_time_and_prediction_per_precision(tmp_path):
         assert run["spot_check_max_rel_err"] < (1e-12 if precision == "float64" else 1e-6)
         last = run["last_run"]  # one timing record per task: tiles, or parts and combines
         assert last["timing"]["tiles"] == last["computed"] + last["parts_computed"]
+
+
+def test_a_run_whose_numpy_times_moved_is_flagged_noisy(bench):
+    """Numpy's own product timed before and after the engine's runs: a machine whose
+    speed changed (a virtual machine's neighbours, a clock) is caught, unlike by the load."""
+    quiet = bench.speed_drift((1.00, 2.00), (1.05, 1.95))
+    assert quiet["speed_drift"] == pytest.approx(0.05) and not quiet["speed_noisy"]
+    moved = bench.speed_drift((1.00, 2.00), (1.26, 2.09))
+    assert moved["speed_drift"] == pytest.approx(0.26) and moved["speed_noisy"]
 
 
 def test_load_monitor_flags_a_competing_process(bench, tmp_path):
