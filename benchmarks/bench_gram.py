@@ -16,10 +16,10 @@ Every engine run prints where its time went (per phase, per worker:
 :mod:`mmdtl2_dist.engine.timing`) and its wall time predicted by the cost model
 (:mod:`mmdtl2_dist.engine.cost`) from one worker's calibrated rates. The load of the
 machine is sampled over the whole run (:class:`LoadMonitor`); a run that other processes
-competed with, or in which numpy's own times moved by more than :data:`MAX_SPEED_DRIFT`
-between start and end (:func:`speed_drift`: a virtual machine's neighbours or a changed
-clock, which the load does not show), is flagged ``NOISY`` and its ratios are not a
-measurement.
+competed with is flagged ``NOISY`` and its ratios are not a measurement. The throughput
+run is also flagged when numpy's own times moved by more than :data:`MAX_SPEED_DRIFT`
+between its start and its end (:func:`speed_drift`: a virtual machine's neighbours or a
+changed clock, which the load does not show).
 
 Usage::
 
@@ -306,7 +306,7 @@ def throughput(args) -> dict:
         "benchmark": "gram_throughput",
         "shape": [n, L],
         "machine": machine(),
-        "load": {**load.summary(), **speed_drift(before, after)},
+        "load": with_speed_drift(load.summary(), before, after),
         "numpy_f32_seconds": min(before[0], after[0]),
         "numpy_f64_seconds": min(before[1], after[1]),
         "numpy_threads": _blas_threads(),
@@ -327,6 +327,12 @@ def _numpy_seconds(X: np.ndarray, X64: np.ndarray, repeat: int) -> tuple[float, 
 #: Largest change of numpy's own times between the start and the end of a run that
 #: still counts as a quiet machine.
 MAX_SPEED_DRIFT = 0.10
+
+
+def with_speed_drift(load: dict, before: tuple[float, ...], after: tuple[float, ...]) -> dict:
+    """The load summary with the speed drift added, ``noisy`` when either says so."""
+    drift = speed_drift(before, after)
+    return {**load, **drift, "noisy": load["noisy"] or drift["speed_noisy"]}
 
 
 def speed_drift(before: tuple[float, ...], after: tuple[float, ...]) -> dict:
@@ -420,7 +426,7 @@ def _print_throughput(result: dict, flops: float, repeat: int) -> None:
         f" numpy's times moved by {load['speed_drift']:.0%} from start to end"
         + (
             "\nNOISY RUN: other processes competed for the cores; do not use its ratios."
-            if load["noisy"]
+            if load["foreign_cores_mean"] > LoadMonitor.NOISY_FOREIGN_CORES
             else ""
         )
         + (

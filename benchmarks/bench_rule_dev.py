@@ -79,7 +79,6 @@ from mmdtl2_dist.core.auto import (
     fit_predict_auto,
     pca_dim,
     pool_problem,
-    pseudo_labels_per_labelled,
     rule_params,
 )
 from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
@@ -403,9 +402,8 @@ ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targ
 def hard_shift_times(choice) -> int:
     """STFH's pseudo-labels per labelled target (BENCHMARKS.md, "Twice the pseudo-labels
     on hard shifts (STFH)"): STF2's 2 on a hard shift at ≤ 3 labels per class, STF's 1
-    elsewhere; the product's gate since STFH's adoption (``auto-2026-11-27-stfh``)."""
-    hinge = next(r["cv_hinge"] for r in choice.table if r["candidate"] == choice.pick)
-    return pseudo_labels_per_labelled(choice.n_per_class, hinge)
+    elsewhere, as the product's own gate (``pseudo_labels_per_labelled``) decided."""
+    return choice.pseudo_per_labelled
 
 
 def with_pseudo_labels(pool: SamplePool, yt, rows, labels):

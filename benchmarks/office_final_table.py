@@ -82,6 +82,11 @@ def study_results(folder: Path) -> tuple[dict, list[dict]]:
         payloads, missing = load_payloads(load_state_spec(folder))
     except FileNotFoundError as e:
         raise SystemExit(str(e)) from None
+    except (ValueError, KeyError) as e:
+        raise SystemExit(
+            f"{folder}: its study state cannot be read as a study ({e}); pass the folder "
+            "that `mmdtl2 study run` wrote (its --output)."
+        ) from None
     if missing:
         raise SystemExit(
             f"{folder}: {len(missing)} of the study's {len(missing) + len(payloads)} trials "

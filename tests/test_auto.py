@@ -152,6 +152,21 @@ def test_hard_shifts_at_few_labels_get_twice_the_pseudo_labels():
     assert pseudo_labels_per_labelled(4, 1.4) == 1  # labels enough: doubling lost on dev
 
 
+def test_a_class_with_more_than_3_labels_keeps_the_pseudo_labels_at_the_labelled_count():
+    """The doubling asks that no class has more than 3 labelled targets (dev: doubling lost
+    at 10 per class), not only the smallest one."""
+    pool, ys, yt, yq = dev_split("amazon", "dslr", 2, 3)  # hard: held-out hinge 0.89
+    extra = np.flatnonzero(yq == yt[0])[:7]  # 7 more labelled targets of the first class
+    more = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train,
+                      np.r_[pool.target_train, pool.target_test[extra]],
+                      np.delete(pool.target_test, extra))  # fmt: skip
+    yt_more = np.r_[yt, yq[extra]]
+    choice = select_auto(more, ys, yt_more)
+    assert choice.n_per_class == 3 and np.bincount(yt_more).max() == 10
+    assert choice.pseudo_per_labelled == 1 and len(choice.pseudo_rows) <= len(yt_more)
+    assert select_auto(pool, ys, yt).pseudo_per_labelled == 2  # balanced at 3: doubled
+
+
 def test_an_easy_split_self_trains_with_as_many_pseudo_labels_as_labels():
     """Well-separated devices: the held-out targets lie beyond the margin, so k = n."""
     Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=3, per_class=3, U=60)

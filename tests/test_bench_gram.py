@@ -74,6 +74,9 @@ def test_a_run_whose_numpy_times_moved_is_flagged_noisy(bench):
     assert quiet["speed_drift"] == pytest.approx(0.05) and not quiet["speed_noisy"]
     moved = bench.speed_drift((1.00, 2.00), (1.26, 2.09))
     assert moved["speed_drift"] == pytest.approx(0.26) and moved["speed_noisy"]
+    quiet_load = {"noisy": False, "foreign_cores_mean": 0.05}
+    assert bench.with_speed_drift(quiet_load, (1.00, 2.00), (1.26, 2.09))["noisy"]
+    assert not bench.with_speed_drift(quiet_load, (1.00, 2.00), (1.05, 1.95))["noisy"]
 
 
 def test_load_monitor_flags_a_competing_process(bench, tmp_path):

@@ -179,6 +179,9 @@ def test_final_table_reads_a_study_and_finds_its_auto_column(final, tmp_path):
         final.main(["--study", str(folder), "--out", str(out)])
     with pytest.raises(SystemExit, match="is not a study folder"):
         final.main(["--study", str(tmp_path), "--out", str(out)])
+    (folder / "study.json").write_text("{}")
+    with pytest.raises(SystemExit, match="cannot be read as a study"):
+        final.main(["--study", str(folder), "--out", str(out)])
 
 
 def test_deep_table_without_the_reference_columns_has_no_max_column(deep):

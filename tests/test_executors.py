@@ -211,9 +211,16 @@ def test_killed_worker_stops_the_study_and_resume_finishes_it(tmp_path):
     assert psutil.wait_procs(workers, timeout=30)[1] == []
     kept = len(list((out / "results").glob("*.json")))
     assert 1 <= kept < 6
+    # what a kill in the middle of a result's or the state's write leaves: removed on
+    # resume; a file of the user's with another name is not touched
+    stray = [out / "results" / ".abc.json.0123abcd.tmp", out / ".study.json.89abcdef.tmp"]
+    for p in [*stray, out / "results" / "notes.tmp"]:
+        p.write_text("{")
 
     rep = resume_study(out, executor="local", num_cpus=2, track=False, progress=False)
     assert rep["missing"] == []
+    assert not any(p.exists() for p in stray) and (out / "results" / "notes.tmp").exists()
+    (out / "results" / "notes.tmp").unlink()
     full = load_spec(spec_file, output=tmp_path / "full")
     run_study(full, executor="local", num_cpus=2, track=False, progress=False)
     assert _results_without_times(out) == _results_without_times(tmp_path / "full")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 
 from mmdtl2_dist.engine import IN_PROCESS, GramStore, compute_gram, gram_tile_plan
 from mmdtl2_dist.engine.cost import predict_gram_seconds, workers_for
+from mmdtl2_dist.engine.in_process import InProcessTasks
 from mmdtl2_dist.engine.plan import TARGET_COL_SPAN
 from mmdtl2_dist.engine.products import MIXED_SPAN, NumpyProduct, mixed_error_bound
 from mmdtl2_dist.engine.timing import PHASES, PhaseTimer, format_timing, summarize_timing
@@ -87,8 +89,9 @@ def test_block_products_update_the_accumulator_in_place():
 
 
 def test_tiles_after_other_tiles_reuse_the_scratch_and_keep_their_bits():
-    """A process keeps the products' scratch buffers for its next tile (no fresh pages per
-    task); what an earlier tile left in them never reaches a later one."""
+    """A thread keeps the products' scratch buffers for its next tile (no fresh pages per
+    task); what an earlier tile left in them never reaches a later one; another thread has
+    its own, and the in-process runner frees them when its job is done."""
     from mmdtl2_dist.engine import products
 
     rng = np.random.default_rng(3)
@@ -108,12 +111,17 @@ def test_tiles_after_other_tiles_reuse_the_scratch_and_keep_their_bits():
 
     for precision in ("float64", "mixed"):
         for symmetric in (True, False):
-            products._SCRATCH.clear()
+            products.release_scratch()
             alone, _ = tile(precision, 40, symmetric)
             tile(precision, 90, not symmetric)[1].fill(np.nan)  # a larger tile, then NaN left
             after, buf = tile(precision, 40, symmetric)
             assert np.array_equal(after, alone), (precision, symmetric)
-            assert np.shares_memory(buf, products._SCRATCH["read-a"])
+            assert np.shares_memory(buf, products.thread_scratch()["read-a"])
+    with ThreadPoolExecutor(1) as pool:
+        assert "read-a" not in pool.submit(products.thread_scratch).result()
+    runner = InProcessTasks()
+    runner.shutdown()
+    assert products.thread_scratch() == {}
 
 
 def test_mixed_gram_is_never_taken_for_the_exact_one(cnn_store, tmp_path):

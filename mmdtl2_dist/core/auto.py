@@ -45,8 +45,7 @@ held-out targets inside the margin or misclassified) and no class has more than
 :data:`DOUBLE_UP_TO` labelled targets. Without folds (F) or unlabelled targets the final
 fit uses the labelled targets alone. Designed on dev data and confirmed on new split sets
 (BENCHMARKS.md, "Self-training from the rule's fold fits (STF)" and "Twice the
-pseudo-labels on hard shifts (STFH)"); the rule without self-training was version
-``auto-2026-11-26``, with ``k`` always the labelled count ``auto-2026-11-26-stf``.
+pseudo-labels on hard shifts (STFH)", which also give the earlier versions).
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here, not parameters.
@@ -108,7 +107,8 @@ class AutoChoice:
     pick's prior blocks, and as labelled targets the labelled ones followed by the
     ``pseudo_rows`` (target pool rows) with their ``pseudo_labels``; ``n_unlabelled`` is
     the number of unlabelled target rows the rule could learn from (self-training chooses
-    among them when folds exist).
+    among them when folds exist), ``pseudo_per_labelled`` how many it asked per labelled
+    target (:func:`pseudo_labels_per_labelled`; 0 without self-training).
     """
 
     pick: str
@@ -123,6 +123,7 @@ class AutoChoice:
     pseudo_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, int), repr=False)
     pseudo_labels: np.ndarray = field(default_factory=lambda: np.zeros(0, int), repr=False)
     n_unlabelled: int = 0
+    pseudo_per_labelled: int = 0
     rule: str = AUTO_RULE
 
     def record(self) -> dict:
@@ -138,6 +139,7 @@ class AutoChoice:
             "pool_size": self.pool_size,
             "unlabelled": self.n_unlabelled,
             "pseudo_labelled": len(self.pseudo_rows),
+            "pseudo_per_labelled": self.pseudo_per_labelled,
             "table": self.table,
         }
 
@@ -227,16 +229,17 @@ def unlabelled_rows(pool: SamplePool, learn: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask)
 
 
-def pseudo_labels_per_labelled(n_per_class: int, pick_hinge: float) -> int:
+def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     """Self-training's pseudo-labels per labelled target: 2 on a hard shift, else 1.
 
     Hard: the pick's mean held-out hinge loss ``pick_hinge`` is at least
-    :data:`HARD_HINGE` and the smallest class has at most :data:`DOUBLE_UP_TO` labelled
-    targets. On dev, twice the pseudo-labels gained where the fold fits could not
-    separate the held-out targets (SURF) and lost where they could (near-ceiling deep
-    features) or where labels were many (10 per class).
+    :data:`HARD_HINGE` and no class has more than :data:`DOUBLE_UP_TO` labelled targets
+    (``most_per_class``, the largest class's count). On dev, twice the pseudo-labels
+    gained where the fold fits could not separate the held-out targets (SURF) and lost
+    where they could (near-ceiling deep features) or where labels were many (10 per
+    class).
     """
-    return 2 if n_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
+    return 2 if most_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
 
 
 def self_training_pool(pool: SamplePool, yt, unl: np.ndarray, scores, classes, times: int):
@@ -331,7 +334,8 @@ def select_auto(
     p = int(learn.sum())
     lab = pool.target_train
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(pool.Ktt[np.ix_(lab, lab)]))
-    n_min = int(min(np.unique(yt, return_counts=True)[1]))
+    counts = np.unique(yt, return_counts=True)[1]
+    n_min = int(counts.min())
     names = [DEFAULT, *ALTERNATIVES] if folds else [NO_FOLDS]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if folds else unl[:0])
@@ -345,9 +349,9 @@ def select_auto(
                 pool_problem(unl_pool, ys, yt, maps[c], test_gram=False), folds,
             )  # fmt: skip
     pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
-    fit_pool, fit_yt, pseudo, labels = pool, yt, np.zeros(0, int), yt[:0]
+    fit_pool, fit_yt, pseudo, labels, times = pool, yt, np.zeros(0, int), yt[:0], 0
     if scores.get(pick) is not None:
-        times = pseudo_labels_per_labelled(n_min, float(hinge[pick].mean()))
+        times = pseudo_labels_per_labelled(int(counts.max()), float(hinge[pick].mean()))
         fit_pool, fit_yt, pseudo, labels = self_training_pool(
             pool, yt, unl, scores[pick], classes, times
         )
@@ -365,7 +369,7 @@ def select_auto(
     ]
     return AutoChoice(
         pick, rule_params(pick, params), dims[pick], maps[pick], table, len(folds), n_min, p,
-        pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, labels, len(unl),
+        pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, labels, len(unl), times,
     )  # fmt: skip
 
 

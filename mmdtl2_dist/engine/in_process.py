@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mmdtl2_dist.engine.products import release_scratch
+
 #: The ``address`` of :func:`mmdtl2_dist.engine.compute_gram` that runs its tasks here.
 IN_PROCESS = "in-process"
 
@@ -89,4 +91,5 @@ class InProcessTasks:
         """Nothing to stop: a task runs only while the driver waits for it."""
 
     def shutdown(self) -> None:
-        """Nothing was started."""
+        """Free the scratch buffers the tiles kept in this thread: the job is done."""
+        release_scratch()

@@ -36,6 +36,8 @@ same arithmetic on a torch device; torch is imported only for them (:func:`impor
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from scipy.linalg import blas
 
@@ -55,18 +57,30 @@ CAST_SPAN = 1024
 U32, U64 = 2.0**-24, 2.0**-53
 
 #: The numpy products' scratch buffers (blocks read, float64 spans, the float32 product),
-#: kept by the process for its next tiles: a fresh array of tens of MB is faulted in page
-#: by page and zeroed by the kernel, about 50 ms for a 65 MB block here, a third of the
-#: block's read. A process computes one tile at a time (a Ray worker runs one task at a
-#: time, the in-process runner one after the other), so one set serves them all. The
-#: accumulator is the tile itself, which the task returns, and stays each tile's own.
-_SCRATCH: dict[str, np.ndarray] = {}
+#: per thread, kept for its next tiles: a fresh array of tens of MB is faulted in page by
+#: page and zeroed by the kernel (BENCHMARKS.md, "Scratch buffers kept between a worker's
+#: tiles"). A thread computes one tile at a time (a Ray worker runs one task at a time,
+#: the in-process runner one after the other). The accumulator is the tile itself, which
+#: the task returns, and stays each tile's own.
+_LOCAL = threading.local()
 
 TORCH_MISSING = (
     "Gram tiles on a torch device ({device}) need PyTorch, which is not installed here; "
     "install it with pip install '.[images]' (or pip install torch), or leave out "
     "--gpus/--device to compute the Gram with numpy on the CPU."
 )
+
+
+def thread_scratch() -> dict[str, np.ndarray]:
+    """The numpy products' scratch buffers of the calling thread (:data:`_LOCAL`)."""
+    if not hasattr(_LOCAL, "bufs"):
+        _LOCAL.bufs = {}
+    return _LOCAL.bufs
+
+
+def release_scratch() -> None:
+    """Free the calling thread's scratch buffers: the job whose tiles ran here is done."""
+    _LOCAL.bufs = {}
 
 
 def check_precision(precision: str) -> str:
@@ -147,7 +161,7 @@ class NumpyProduct:
         self.timer = timer
         self.symmetric = False
         self._buf: np.ndarray | None = None
-        self._bufs = _SCRATCH
+        self._bufs = thread_scratch()
 
     @property
     def G(self) -> np.ndarray:
@@ -247,7 +261,7 @@ def reused_buffer(bufs: dict, key: str, shape: tuple[int, int], dtype, allocate=
     """A C-ordered ``shape`` view of the bytes ``bufs[key]``, grown when too small, else reused.
 
     A fresh array of tens of MB per block is mapped and faulted in page by page (and
-    zeroed by the kernel): about as costly as reading or converting the block itself.
+    zeroed by the kernel): more costly than reading the block into it.
     ``allocate(nbytes)`` makes the byte array (default ``np.empty``; GPU tiles allocate
     page-locked memory).
     """

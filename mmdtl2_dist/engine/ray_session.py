@@ -27,10 +27,11 @@ def task_runner(address: str | None, num_cpus: int | None, num_gpus: int | None 
     """Where the Gram's tasks run: this process (``address=IN_PROCESS``), else Ray.
 
     Returns ``(runner, owned)`` as :func:`ensure_ray` does; the in-process runner answers
-    the same calls (:mod:`mmdtl2_dist.engine.in_process`).
+    the same calls (:mod:`mmdtl2_dist.engine.in_process`) and is always owned: shutting
+    it down frees what its tiles kept.
     """
     if address == IN_PROCESS:
-        return InProcessTasks(), False
+        return InProcessTasks(), True
     return ensure_ray(address, num_cpus, num_gpus)
 
 

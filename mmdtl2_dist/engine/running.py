@@ -22,6 +22,7 @@ from mmdtl2_dist.engine.scheduling import run_tasks
 from mmdtl2_dist.engine.statistics import load_stats, stats_pass
 from mmdtl2_dist.engine.timing import summarize_timing
 from mmdtl2_dist.progress import Progress
+from mmdtl2_dist.store.atomic import remove_temporaries
 
 
 class JobRunner:
@@ -57,7 +58,10 @@ class JobRunner:
         return max(1, int(count))
 
     def close(self) -> None:
-        """Stop the Ray session this runner started or connected (not one it found)."""
+        """Stop what this runner started or connected, not a session it found.
+
+        Ray: the session. In-process: the scratch buffers its tiles kept.
+        """
         if self._owned:
             self._ray.shutdown()
         self._ray, self._owned = None, False
@@ -103,8 +107,7 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
                 tasks.remove_parts(tiles_dir, tile, job["parts"], only=k)
                 continue
             kept[(tile.key, k)] = marker
-    for tmp in (tiles_dir / tasks.PARTS_DIR).glob(".*.tmp"):
-        tmp.unlink(missing_ok=True)  # a part or marker write stopped before its rename
+    remove_temporaries(tiles_dir / tasks.PARTS_DIR)  # writes stopped before their rename
     if damaged:
         print(
             f"gram {job['space']}: {out} has damaged parts, recomputed in this run: "

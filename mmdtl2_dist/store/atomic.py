@@ -35,6 +35,19 @@ def atomic_file(path: str | os.PathLike, tmp: Path | None = None) -> Iterator[Bi
         tmp.unlink(missing_ok=True)
 
 
+def remove_temporaries(folder: str | os.PathLike, pattern: str = ".*.tmp") -> list[Path]:
+    """Remove the temporary files that killed :func:`atomic_file` writes left in ``folder``.
+
+    Only names :func:`atomic_file` gives (:data:`TEMPORARY_NAME`) among those matching
+    ``pattern`` (a glob, relative to ``folder``) are touched; their writer must be gone
+    (the caller owns the folder). Returns what was removed.
+    """
+    stray = [p for p in Path(folder).glob(pattern) if TEMPORARY_NAME.fullmatch(p.name)]
+    for p in stray:
+        p.unlink(missing_ok=True)
+    return stray
+
+
 def write_json_atomic(path: str | os.PathLike, content, **dumps) -> None:
     """Write ``content`` as JSON (``json.dumps`` options ``dumps``), atomically.
 

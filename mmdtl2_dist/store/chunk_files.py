@@ -34,7 +34,7 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 
-from mmdtl2_dist.store.atomic import TEMPORARY_NAME, atomic_file
+from mmdtl2_dist.store.atomic import atomic_file, remove_temporaries
 from mmdtl2_dist.store.errors import CorruptChunkError
 
 _CRC_BYTES = 4
@@ -257,11 +257,4 @@ def remove_stray_writes(array_path: str) -> list[Path]:
     Only files named as :func:`write_chunk` names them (``c/<i>/.<j>.<8 hex>.tmp``) are
     touched. Returns what was removed.
     """
-    stray = [
-        p
-        for p in Path(array_path).glob("c/*/.*.tmp")
-        if (m := TEMPORARY_NAME.fullmatch(p.name)) and m["name"].isdigit()
-    ]
-    for p in stray:
-        p.unlink(missing_ok=True)
-    return stray
+    return remove_temporaries(array_path, "c/*/.*.tmp")
