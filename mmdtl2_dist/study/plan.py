@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmdtl2_dist.store.atomic import atomic_file
+from mmdtl2_dist.store.atomic import atomic_file, write_json_atomic
 from mmdtl2_dist.study.splits import Split
 
 PLAN_FORMAT = "mmdtl2-study-plan"
@@ -145,8 +145,7 @@ def save_plan(plan: StudyPlan, path: str | Path) -> None:
         "arrays_sha256": hashlib.sha256(blob).hexdigest(),
         "pairs": pairs,
     }
-    with atomic_file(path) as f:
-        f.write(json.dumps(doc, indent=1).encode())
+    write_json_atomic(path, doc, indent=1)
 
 
 def plan_error(path: Path, what: str) -> PlanError:
