@@ -32,7 +32,8 @@ class drawn by the same generator), ``fresh`` (seed 2026, kept for the confirmat
 the frozen rule), ``fresh2`` (seed 2029, for the confirmation of its extensions),
 ``fresh3`` (seed 2030, for the confirmation of STF, self-training from the fold fits) and
 ``fresh4`` (seed 2031, for the confirmation of STF2 / STF2A, STF's stronger strengths, and
-of STFH) and ``fresh5`` (seed 2032, for the guard's knife edge, PT).
+of STFH), ``fresh5`` (seed 2032, for the guard's knife edge, PT) and ``fresh6`` (seed 2034,
+for the target SVM as the rule's alternative, O, at 3, 20 and 40 labels per class).
 Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
@@ -95,8 +96,12 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 # ``fresh`` confirmed the frozen rule itself, ``fresh2`` (seed 2029) its ST/ENS variants,
 # ``fresh3`` (seed 2030) self-training from the fold fits (``--variants STF``) and ``fresh4``
 # (seed 2031) its two stronger strengths (``--variants STF STF2 STF2A``) and then STFH;
-# ``fresh5`` (seed 2032) the guard's deterministic knife edge (PT).
-SEEDS = {**SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032}
+# ``fresh5`` (seed 2032) the guard's deterministic knife edge (PT); ``fresh6`` (seed 2034)
+# the target SVM as the rule's alternative (O) at 3, 20 and 40 labels per class.
+SEEDS = {
+    **SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032,
+    "fresh6": 2034,
+}  # fmt: skip
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
 # (label, fixed parameters, transductive prior or None, d in units of the class count C)
@@ -110,6 +115,9 @@ CANDIDATES = (
     ("shared PCA d=4C λ=0.5", {**HALF}, "shared_pca", 4),
 )  # fmt: skip
 LABELS = [c[0] for c in CANDIDATES]
+# The target SVM (``c_t = 1``, source ignored) as a candidate of a rule: ``collect``
+# records its held-out losses on the same folds (:func:`target_svm_cv`).
+TARGET_ONLY = "target SVM"
 MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fits at most
 KNN = 5
 
@@ -176,6 +184,34 @@ def collect(job, data_dir, seed):
             hits += (r.y_pred == prob.yt[held]).astype(int).tolist()
             hinge += multiclass_hinge(r.scores, r.classes, prob.yt[held]).tolist()
         rec["cv_hit"][label], rec["cv_hinge"][label] = hits, hinge
+    for key, value in target_svm_cv(base, folds, yq).items():
+        rec[key][TARGET_ONLY] = value
+    return rec
+
+
+def target_svm_cv(base, folds, yq) -> dict:
+    """The target SVM as one more candidate (:data:`TARGET_ONLY`): its test accuracy and,
+    on the same per-class folds as the MMDTL2 candidates, its held-out correctness and
+    multiclass hinge loss (the record's ``"acc"``, ``"cv_hit"`` and ``"cv_hinge"``)."""
+    res = fit_predict("target_svm", {}, base)
+    hits, hinge, idx = [], [], np.arange(len(base.yt))
+    for held in folds:
+        r = fit_predict("target_svm", {}, sub_problem(base, np.setdiff1d(idx, held), held))
+        hits += (r.y_pred == base.yt[held]).astype(int).tolist()
+        hinge += multiclass_hinge(r.scores, r.classes, base.yt[held]).tolist()
+    return {"acc": float(np.mean(res.y_pred == yq)), "cv_hit": hits, "cv_hinge": hinge}
+
+
+def with_target_svm_cv(rec: dict, data_dir, seed) -> dict:
+    """A ``collect`` record from before :func:`target_svm_cv`, completed by it."""
+    dataset, source, target, k, n_lab = rec["job"]
+    Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
+    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
+    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    base = pool.problem(ys_all[src], yt_all[lab])
+    folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
+    for key, value in target_svm_cv(base, folds, yt_all[test]).items():
+        rec[key][TARGET_ONLY] = value
     return rec
 
 
@@ -376,6 +412,9 @@ def collect_frozen(job, data_dir, seed):
     t2 = time.perf_counter()
     pick = CANDIDATES_AUTO[choice.pick].label
     rec["acc"][pick] = float(np.mean(res.y_pred == yq))
+    plain = fit_predict(choice.method, choice.params, pool_problem(pool, base.ys, base.yt,
+                                                                  choice.prior_map))
+    rec["acc_without_self_training"] = float(np.mean(plain.y_pred == yq))
     rec.update(
         pick=pick, cost=res.info["n_fits"], select_s=t2 - t0,
         final_fit_s=res.info["time_total_s"], auto=choice.record(),
@@ -658,7 +697,21 @@ def main() -> None:
         help="the frozen rule and these of its variants (all when none is named)",
     )  # fmt: skip
     ap.add_argument("--variant-tables", type=Path, default=None, help="tables of a --variants run")
+    ap.add_argument(
+        "--add-target-svm", type=Path, default=None,
+        help="records of an earlier collect run to complete with the target SVM's CV",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.add_target_svm is not None:
+        saved = json.loads(args.add_target_svm.read_text())
+        data_dir = None if args.data is None else str(args.data.resolve())
+        seed = SEEDS[saved["meta"]["split_set"].split()[0]]
+        with threadpool_limits(1):
+            saved["records"] = [with_target_svm_cv(r, data_dir, seed) for r in saved["records"]]
+        out = args.add_target_svm.with_name(args.add_target_svm.stem + "_target_svm.json")
+        out.write_text(json.dumps(saved, ensure_ascii=False))
+        print(f"{len(saved['records'])} records -> {out}")
+        return
     if args.variant_tables is not None:
         saved = json.loads(args.variant_tables.read_text())
         write_variant_tables(

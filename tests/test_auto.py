@@ -8,8 +8,9 @@ refitting the pick's fold fits to score the unlabelled targets (the product scor
 in the CV's own fits). The reproduction tests rebuild three of those
 Office-Caltech10 SURF splits here (bundled data; the split generator is the benchmark's,
 re-typed) and check the product's pick, test accuracy and held-out hinge losses against
-the recorded values: one split per branch of the rule (F without folds, S and T moved to
-by the guard).
+the recorded values: one split per branch of the rule (F without folds, S and O moved to
+by the guard; the target SVM's held-out losses recorded by ``collect`` in
+``rule_dev_target_svm.json``).
 """
 
 from __future__ import annotations
@@ -44,13 +45,17 @@ RECORDED = {
     ("webcam", "dslr", 0, 1): ("F", 0.673469387755102, {}, 0),
     ("webcam", "dslr", 0, 3): (
         "S", 0.6771653543307087,
-        {"D": 0.7457993499288251, "T": 0.9145240616847672, "S": 0.6364428942891064}, 60,
-    ),
-    ("amazon", "dslr", 2, 3): (
-        "T", 0.5905511811023622,
-        {"D": 0.9136731610585155, "T": 0.8857878943685834, "S": 1.093538026136547}, 59,
+        {"D": 0.7457993499288251, "O": 0.9275392114104135, "S": 0.6364428942891064}, 60,
     ),
 }  # fmt: skip
+# A dev split (10 labelled targets per class) on which the guard moves to the target SVM:
+# the recorded held-out hinge losses, and the target SVM's test accuracy on the labelled
+# targets alone (the final fit adds the self-trained ones).
+RECORDED_O = (
+    ("amazon", "caltech", 2, 10),
+    {"D": 0.9927610763680819, "O": 0.9219232858430796, "S": 1.0619732200654302},
+    0.41935483870967744,
+)
 
 
 def _surf(name):
@@ -95,6 +100,24 @@ def test_auto_reproduces_recorded_dev_picks(split):
     assert rec["unlabelled"] == len(yq)  # the pool's unlabelled targets, also without folds
 
 
+def test_auto_reproduces_a_recorded_target_svm_pick():
+    split, hinge, acc_labelled = RECORDED_O
+    pool, ys, yt, yq = dev_split(*split)
+    res, choice = fit_predict_auto(pool, ys, yt)
+    assert choice.pick == "O" and choice.method == "target_svm" and choice.prior_map is None
+    got = {row["candidate"]: row["cv_hinge"] for row in choice.table}
+    assert got == pytest.approx(hinge, rel=1e-6)
+    plain = fit_predict("target_svm", choice.params, pool_problem(pool, ys, yt, None))
+    assert np.mean(plain.y_pred == yq) == pytest.approx(acc_labelled, abs=1e-12)
+    # the final fit: the target SVM on the labelled and the self-trained targets
+    grown = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train,
+                       np.r_[pool.target_train, choice.pseudo_rows], pool.target_test)  # fmt: skip
+    again = fit_predict("target_svm", {"c_t": 1.0}, pool_problem(grown, ys, choice.problem.yt, None))
+    np.testing.assert_allclose(res.scores, again.scores, rtol=1e-10, atol=1e-10)
+    assert res.info["n_fits"] == 10 and res.info["auto"]["method"] == "target_svm"
+    assert 0 < len(choice.pseudo_rows) <= len(yt)  # k = n: 10 labels a class is not "few"
+
+
 def test_self_training_labels_the_most_confident_unlabelled_targets_of_the_fold_fits():
     """The final fit's targets: the labelled ones, then per class twice as many unlabelled
     ones as it has labelled (a hard split), chosen by the pick's fold fits (refitted here on
@@ -116,7 +139,7 @@ def test_self_training_labels_the_most_confident_unlabelled_targets_of_the_fold_
     np.testing.assert_array_equal(choice.pseudo_rows, pool.target_test[rows])
     np.testing.assert_array_equal(choice.pseudo_labels, labels)
     np.testing.assert_array_equal(choice.problem.yt, np.r_[yt, labels])
-    assert len(labels) == 59 and np.sum(labels == yq[rows]) == 40  # right: 40 (a diagnostic)
+    assert len(labels) == 59 and np.sum(labels == yq[rows]) == 43  # right: 43 (a diagnostic)
 
 
 def test_self_training_labels_only_what_the_rule_may_learn_from():
@@ -138,9 +161,9 @@ def test_self_training_labels_only_what_the_rule_may_learn_from():
 
 def test_guard_needs_gain_above_its_standard_error():
     h_d = np.array([1.0, 1.0, 1.0, 1.0])
-    assert guarded_pick({"D": h_d, "T": h_d + 0.1, "S": h_d - 0.1 * np.r_[1, -1, 1, -1]})[0] == "D"
+    assert guarded_pick({"D": h_d, "O": h_d + 0.1, "S": h_d - 0.1 * np.r_[1, -1, 1, -1]})[0] == "D"
     # both alternatives clear the guard: the larger gain wins
-    pick, gains = guarded_pick({"D": h_d, "T": h_d - 0.2, "S": h_d - 0.3})
+    pick, gains = guarded_pick({"D": h_d, "O": h_d - 0.2, "S": h_d - 0.3})
     assert pick == "S" and gains["S"][0] == pytest.approx(0.3)
     assert paired_gain(np.r_[1.0], np.r_[0.0]) == (0.0, np.inf)
 
@@ -150,6 +173,23 @@ def test_hard_shifts_at_few_labels_get_twice_the_pseudo_labels():
     assert pseudo_labels_per_labelled(3, 0.25) == 2 and pseudo_labels_per_labelled(2, 1.4) == 2
     assert pseudo_labels_per_labelled(3, 0.2499) == 1  # the fold fits separate the held-out
     assert pseudo_labels_per_labelled(4, 1.4) == 1  # labels enough: doubling lost on dev
+    # many labels (dev: self-training gained at 10 a class, lost at 20 and 40): none
+    assert pseudo_labels_per_labelled(10, 0.1) == 1 and pseudo_labels_per_labelled(11, 1.4) == 0
+
+
+def test_a_class_with_more_than_10_labels_gets_no_pseudo_labels():
+    """The target SVM pick of ``RECORDED_O`` (10 labels a class) self-trains; one more
+    labelled target in one class and the final fit is on the labelled targets alone."""
+    pool, ys, yt, yq = dev_split(*RECORDED_O[0])
+    assert len(select_auto(pool, ys, yt).pseudo_rows) > 0
+    extra = np.flatnonzero(yq == yt[0])[:1]
+    more = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train,
+                      np.r_[pool.target_train, pool.target_test[extra]],
+                      np.delete(pool.target_test, extra))  # fmt: skip
+    res, choice = fit_predict_auto(more, ys, np.r_[yt, yq[extra]])
+    assert choice.pseudo_per_labelled == 0 and len(choice.pseudo_rows) == 0
+    assert res.info["auto"]["pseudo_labelled"] == 0 and res.info["n_fits"] == 10
+    assert choice.n_unlabelled == len(yq) - 1  # they shaped the prior and were scored
 
 
 def test_a_class_with_more_than_3_labels_keeps_the_pseudo_labels_at_the_labelled_count():
@@ -188,7 +228,9 @@ def test_one_label_per_class_takes_the_fold_free_prior_not_the_zero_prior():
 def test_rule_parameters_cannot_be_overridden():
     with pytest.raises(ValueError, match=r"select='auto' chooses .*remove \['c_f'\]"):
         rule_params("D", {"c_f": 0.1})
-    assert rule_params("T", {"c_t": 2.0}) == {"c_t": 2.0, **CANDIDATES["T"].params}
+    assert rule_params("S", {"c_t": 2.0}) == {"c_t": 2.0, **CANDIDATES["S"].params}
+    # the target SVM keeps its own c_t = 1 and takes only the caller's solver settings
+    assert rule_params("O", {"c_t": 0.1, "c_d": 0.1, "qp_tol": 1e-6}) == {"qp_tol": 1e-6, "c_t": 1.0}
 
 
 def auto_devices(seed=0, K=3, L=20, N=30, per_class=3, U=40, Q=30):
@@ -241,3 +283,26 @@ def test_estimator_auto_refuses_two_feature_spaces_and_a_user_map():
         MMDTL2(select="auto").fit_domains(Xs[:, :10], ys, Xt, yt)
     with pytest.raises(ValueError, match="select='auto' chooses the prior itself"):
         MMDTL2(select="auto", prior="matrix", W0=np.eye(20)).fit_domains(Xs, ys, Xt, yt)
+
+
+def test_estimator_auto_target_svm_pick_equals_the_core_rule_and_maps_nothing():
+    """Where the source says nothing (random labels) and labels are many, the rule keeps
+    the target SVM (O); the estimator's adapter scores as the Gram-form fit does, ``W`` is
+    the identity, and the adapter holds it in its prior term (no kernel coefficients)."""
+    rng = np.random.default_rng(2)
+    mu = 0.6 * rng.standard_normal((3, 20))  # overlapping classes: held-out hinge > 0
+    ys, yt = rng.integers(0, 3, 30), np.repeat(np.arange(3), 20)
+    Xs, Xt = rng.standard_normal((30, 20)), mu[yt] + rng.standard_normal((60, 20))
+    Xu = mu[rng.integers(0, 3, 40)] + rng.standard_normal((40, 20))
+    Xq = mu[rng.integers(0, 3, 30)] + rng.standard_normal((30, 20))
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert est.auto_["pick"] == choice.pick == "O" and est.auto_["method"] == "target_svm"
+    assert est.selected_params_ == {"c_t": 1.0, "pca_dim": None}
+    np.testing.assert_allclose(est.decision_function(Xu), res.scores, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(est.transform(Xq), Xq, atol=1e-12)  # W = I
+    W = est.transform_matrix()
+    np.testing.assert_allclose(W, np.hstack([np.eye(20), np.zeros((20, 1))]), atol=1e-12)
+    scores = est.transform(Xq) @ est.coef_source_.T + est.intercept_
+    np.testing.assert_allclose(est.decision_function(Xq), scores, rtol=1e-8, atol=1e-9)
+    assert not est.adapter_.P.any() and est.adapter_.V.shape == (21, 3)

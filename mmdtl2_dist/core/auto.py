@@ -1,20 +1,23 @@
 """``select="auto"``: the selection rule frozen on development data, on Gram matrices.
 
 The rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data"; its version
-string :data:`AUTO_RULE` is recorded with every result it produces) picks MMDTL2's prior,
-prior weight and ``c_f`` among four candidates on one axis, how much to trust the source:
+string :data:`AUTO_RULE` is recorded with every result it produces) picks among four
+candidates on one axis, how much to trust the source:
 
-- **D** (default): the shared-PCA prior ``W0 = P Pᵀ`` over the pool, ``d = min(4C, p − 1)``
-  (lowered to the rank of the centred pool if the features span fewer dimensions),
-  prior weight 0.5;
-- **T** (trust the target): the zero prior (identity prior at weight 0: the paper's
-  MMDTL2);
-- **S** (trust the source): the identity prior ``W0 = I`` at weight 1;
-- **F** (no validation possible): the shared-PCA prior, ``d = min(2C, p − 1)``, weight 1;
+- **D** (default): MMDTL2 with the shared-PCA prior ``W0 = P Pᵀ`` over the pool,
+  ``d = min(4C, p − 1)`` (lowered to the rank of the centred pool if the features span
+  fewer dimensions), prior weight 0.5;
+- **O** (only the target): the target SVM (``c_t = 1``, the source ignored), the
+  baseline that adaptation must beat; with many labelled targets per class every MMDTL2
+  candidate fell below it on dev (BENCHMARKS.md, "The target SVM as the rule's
+  alternative (O)"), where it replaced the paper's zero prior;
+- **S** (trust the source): MMDTL2 with the identity prior ``W0 = I`` at weight 1;
+- **F** (no validation possible): MMDTL2 with the shared-PCA prior, ``d = min(2C, p − 1)``,
+  weight 1;
 
-each with ``c_f = 1`` and the caller's other MMDTL2 parameters (the core's defaults
-unless given). ``C`` is the number of classes (of the labelled source and target samples)
-and ``p`` the pool size.
+the MMDTL2 candidates with ``c_f = 1`` and the caller's other MMDTL2 parameters (the
+core's defaults unless given). ``C`` is the number of classes (of the labelled source and
+target samples) and ``p`` the pool size.
 
 **The pool** (:class:`~mmdtl2_dist.core.priors.SamplePool`) is what the shared-PCA prior
 learns from, without labels: the labelled source samples and every target sample the
@@ -25,27 +28,30 @@ samples to be scored: the transductive protocol of the published methods).
 ``n < 2`` no fold can be formed: **F**, one fit (never silently the zero prior).
 Otherwise ``min(n, 3)`` per-class folds in canonical order
 (:func:`~mmdtl2_dist.core.selection.cv_folds`, fold ``j`` holds out the ``j``-th sample of
-every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, T and S are fitted
+every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O and S are fitted
 on every fold and each held-out sample gets its multiclass hinge loss ``h``. For each
-alternative ``a`` in (T, S): ``g_a`` = mean over held-out samples of ``h_D − h_a``,
+alternative ``a`` in (O, S): ``g_a`` = mean over held-out samples of ``h_D − h_a``,
 ``se_a`` = their standard deviation (``ddof=1``) / √(number held out). If some
-``g_a > se_a``, the alternative with the larger ``g_a`` (T on a tie); otherwise D.
+``g_a > se_a``, the alternative with the larger ``g_a`` (O on a tie); otherwise D.
 
 **Self-training from the fold fits.** The **unlabelled targets** are the pool's target
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
 them (in the same fit as its held-out samples); the pick's raw multiclass decision scores
-are averaged over its folds (one SVM objective with ``c_f = 1`` for every fold, so a score
-is a functional margin in the same units). Per class, ``k`` unlabelled targets, those
+are averaged over its folds (one objective for every fold, so a score is a functional
+margin in the same units). Per class, ``k`` unlabelled targets, those
 predicted as that class with the largest margin of the top score over the second
 (:func:`confident_pseudo_labels`), join the labelled targets with that label, and the pick
 is fitted once on them: ``3·min(n, 3) + 1`` fits at most, 10. ``k`` is the class's
 labelled count, twice that on a **hard shift** (:func:`pseudo_labels_per_labelled`): the
 pick's mean held-out hinge loss is at least :data:`HARD_HINGE` (the fold fits leave the
 held-out targets inside the margin or misclassified) and no class has more than
-:data:`DOUBLE_UP_TO` labelled targets. Without folds (F) or unlabelled targets the final
-fit uses the labelled targets alone. Designed on dev data and confirmed on new split sets
-(BENCHMARKS.md, "Self-training from the rule's fold fits (STF)" and "Twice the
-pseudo-labels on hard shifts (STFH)", which also give the earlier versions).
+:data:`DOUBLE_UP_TO` labelled targets. Without folds (F), without unlabelled targets, or
+when some class has more than :data:`SELF_TRAIN_UP_TO` labelled targets (many labels: the
+pseudo-labels' errors cost more than they add) the final fit uses the labelled targets
+alone. Designed on dev data and confirmed on new split sets (BENCHMARKS.md,
+"Self-training from the rule's fold fits (STF)", "Twice the pseudo-labels on hard shifts
+(STFH)" and "The target SVM as the rule's alternative (O)", which also give the earlier
+versions).
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here, not parameters.
@@ -64,10 +70,11 @@ from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
 from mmdtl2_dist.core.priors import PoolMap, SamplePool
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 
-AUTO_RULE = "auto-2026-11-27-stfh"
+AUTO_RULE = "auto-2026-11-27-o"
 MAX_FOLDS = 3
 HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
 DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
+SELF_TRAIN_UP_TO = 10  # labelled targets per class up to which the rule self-trains
 RULE_KEYS = ("prior", "prior_weight", "c_f")  # what the rule chooses; the caller sets the rest
 
 
@@ -75,24 +82,27 @@ RULE_KEYS = ("prior", "prior_weight", "c_f")  # what the rule chooses; the calle
 class Candidate:
     """One configuration of the rule.
 
-    Its MMDTL2 parameters and, for a shared-PCA prior, the subspace dimension in units of
-    the class count (``d = min(k C, p − 1)``).
+    The core method it fits, its parameters and, for a shared-PCA prior, the subspace
+    dimension in units of the class count (``d = min(k C, p − 1)``).
     """
 
     name: str
     label: str
     params: Mapping
     pca_per_class: int | None
+    method: str = "mmdtl2"
 
 
 _PCA, _IDENTITY = {"prior": "matrix", "c_f": 1.0}, {"prior": "identity", "c_f": 1.0}
 CANDIDATES = {
     "D": Candidate("D", "shared PCA d=4C λ=0.5", {**_PCA, "prior_weight": 0.5}, 4),
-    "T": Candidate("T", "λ=0", {**_IDENTITY, "prior_weight": 0.0}, None),
+    "O": Candidate("O", "target SVM", {"c_t": 1.0}, None, method="target_svm"),
     "S": Candidate("S", "identity λ=1", {**_IDENTITY, "prior_weight": 1.0}, None),
     "F": Candidate("F", "shared PCA d=2C", {**_PCA, "prior_weight": 1.0}, 2),
 }
-DEFAULT, ALTERNATIVES, NO_FOLDS = "D", ("T", "S"), "F"
+DEFAULT, ALTERNATIVES, NO_FOLDS = "D", ("O", "S"), "F"
+#: The parameters of the caller's that the target SVM (candidate O) takes.
+TARGET_SVM_KEYS = ("qp_solver", "qp_tol")
 
 
 @dataclass
@@ -126,13 +136,19 @@ class AutoChoice:
     pseudo_per_labelled: int = 0
     rule: str = AUTO_RULE
 
+    @property
+    def method(self) -> str:
+        """The core method the pick is fitted with (``"mmdtl2"`` or ``"target_svm"``)."""
+        return CANDIDATES[self.pick].method
+
     def record(self) -> dict:
         """The JSON-able provenance of the choice (rule version, pick, pool size, table)."""
         return {
             "rule": self.rule,
             "pick": self.pick,
             "label": CANDIDATES[self.pick].label,
-            "params": {k: self.params[k] for k in RULE_KEYS},
+            "method": self.method,
+            "params": dict(CANDIDATES[self.pick].params),
             "pca_dim": self.pca_dim,
             "n_folds": self.n_folds,
             "n_per_class": self.n_per_class,
@@ -145,14 +161,22 @@ class AutoChoice:
 
 
 def rule_params(cand: str, params: Mapping | None) -> dict:
-    """The caller's MMDTL2 ``params`` with the candidate's prior, weight and ``c_f``."""
+    """The parameters candidate ``cand`` is fitted with.
+
+    An MMDTL2 candidate: the caller's MMDTL2 ``params`` with its prior, weight and
+    ``c_f``. The target SVM (O): its ``c_t = 1`` (the target SVM the rule is measured
+    against) and the caller's solver settings (:data:`TARGET_SVM_KEYS`).
+    """
     chosen = sorted(set(params or {}) & set(RULE_KEYS))
     if chosen:
         raise ValueError(
             f"select='auto' chooses {list(RULE_KEYS)} itself; remove {chosen} from the "
             "parameters, or fit a fixed configuration without select='auto'."
         )
-    return {**(params or {}), **CANDIDATES[cand].params}
+    c = CANDIDATES[cand]
+    if c.method == "target_svm":
+        return {**{k: v for k, v in (params or {}).items() if k in TARGET_SVM_KEYS}, **c.params}
+    return {**(params or {}), **c.params}
 
 
 def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
@@ -187,8 +211,9 @@ def pool_problem(
     return pool.problem(ys, yt, blocks, test_gram=test_gram)
 
 
-def fold_fits(params: Mapping, prob: GramProblem, unl: GramProblem, folds):
-    """The CV's fits: held-out hinge losses, and fold-averaged scores of the unlabelled.
+def fold_fits(method: str, params: Mapping, prob: GramProblem, unl: GramProblem, folds):
+    """The CV's fits of one candidate (its core ``method`` and ``params``): held-out hinge
+    losses, and fold-averaged scores of the unlabelled.
 
     Returns every held-out sample's multiclass hinge loss (folds in order), the fold fits'
     decision scores on ``unl``'s scored rows (the unlabelled targets) averaged over the
@@ -199,7 +224,7 @@ def fold_fits(params: Mapping, prob: GramProblem, unl: GramProblem, folds):
     for held in folds:
         train = np.setdiff1d(idx, held)
         fold = also_scoring(sub_problem(prob, train, held), unl, train)
-        res = fit_predict("mmdtl2", params, fold)
+        res = fit_predict(method, params, fold)
         hinge.append(multiclass_hinge(res.scores[: len(held)], res.classes, prob.yt[held]))
         scores.append(res.scores[len(held) :])
     mean = np.mean(scores, axis=0) if len(unl.sq_q) else None
@@ -230,15 +255,21 @@ def unlabelled_rows(pool: SamplePool, learn: np.ndarray) -> np.ndarray:
 
 
 def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
-    """Self-training's pseudo-labels per labelled target: 2 on a hard shift, else 1.
+    """Self-training's pseudo-labels per labelled target: 2 on a hard shift, 1 on an easy
+    one, 0 (no self-training) when labels are many.
 
-    Hard: the pick's mean held-out hinge loss ``pick_hinge`` is at least
-    :data:`HARD_HINGE` and no class has more than :data:`DOUBLE_UP_TO` labelled targets
-    (``most_per_class``, the largest class's count). On dev, twice the pseudo-labels
+    ``most_per_class`` is the largest class's count of labelled targets. Many: above
+    :data:`SELF_TRAIN_UP_TO`; on dev, self-training gained at 10 labelled targets per
+    class and lost at 20 and 40, where the pseudo-labels (about a quarter of them wrong on
+    SURF) outnumber the labelled errors they could correct. Hard: the pick's mean
+    held-out hinge loss ``pick_hinge`` is at least :data:`HARD_HINGE` and no class has
+    more than :data:`DOUBLE_UP_TO` labelled targets. On dev, twice the pseudo-labels
     gained where the fold fits could not separate the held-out targets (SURF) and lost
     where they could (near-ceiling deep features) or where labels were many (10 per
     class).
     """
+    if most_per_class > SELF_TRAIN_UP_TO:
+        return 0
     return 2 if most_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
 
 
@@ -345,13 +376,15 @@ def select_auto(
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
             hinge[c], scores[c], classes = fold_fits(
-                rule_params(c, params), pool_problem(pool, ys, yt, maps[c], test_gram=False),
+                CANDIDATES[c].method, rule_params(c, params),
+                pool_problem(pool, ys, yt, maps[c], test_gram=False),
                 pool_problem(unl_pool, ys, yt, maps[c], test_gram=False), folds,
             )  # fmt: skip
     pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
     fit_pool, fit_yt, pseudo, labels, times = pool, yt, np.zeros(0, int), yt[:0], 0
     if scores.get(pick) is not None:
         times = pseudo_labels_per_labelled(int(counts.max()), float(hinge[pick].mean()))
+    if times:
         fit_pool, fit_yt, pseudo, labels = self_training_pool(
             pool, yt, unl, scores[pick], classes, times
         )
@@ -385,7 +418,7 @@ def fit_predict_auto(
     t0 = time.perf_counter()
     choice = select_auto(pool, ys, yt, params, learn=learn)
     t1 = time.perf_counter()
-    res = fit_predict("mmdtl2", choice.params, choice.problem)
+    res = fit_predict(choice.method, choice.params, choice.problem)
     res.info.update(
         auto=choice.record(), select_s=t1 - t0, n_fits=len(choice.table) * choice.n_folds + 1
     )
@@ -444,9 +477,8 @@ def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None)
     """:func:`select_auto` on preprocessed features, and the pick's prior in feature form.
 
     Returns ``(choice, W0, added)``: ``added`` are the rows of ``Xu`` self-training
-    labelled (``choice.pseudo_labels``, in order); ``W0`` is ``None`` for an
-    identity-prior pick (T, S) and the
-    shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
+    labelled (``choice.pseudo_labels``, in order); ``W0`` is ``None`` for the
+    identity-prior pick (S) and the target SVM (O), and the shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
     ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
     :func:`~mmdtl2_dist.core.gram_pca.pca_basis`), so that the feature-form fit equals the
     Gram-form one.

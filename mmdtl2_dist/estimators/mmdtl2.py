@@ -249,6 +249,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
 
     def _fit_chosen(self, Xs, ys, Xt, yt, p):
         """Fit ``p`` through the core's Gram form; keep what the adapter and transform need."""
+        if self.auto_ is not None and self.auto_["method"] == "target_svm":
+            return self._fit_target_only(Xt, yt, p)
         Ls, Lt = Xs.shape[1], Xt.shape[1]
         prior = self._prior_map(p, Ls, Lt)
         prob = self._problem(Xs, ys, Xt, yt, p)
@@ -269,6 +271,33 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.objective_ = fit.objective
         self.n_iter_ = fit.info["n_iter"]
         self.fit_info_ = fit.info
+        self.kernel_ = spec
+
+    def _fit_target_only(self, Xt, yt, p):
+        """``select="auto"``'s target SVM (pick O): linear SVMs on the target samples alone.
+
+        Its hyperplanes ``Θ`` are the adapter's prior term (``V = [Θ; 0]``, zero kernel
+        coefficients), so scoring, the registry and serving are those of every other
+        pick; ``W`` is the identity (one feature space for both devices under
+        ``select="auto"``), so source samples are scored by the same hyperplanes.
+        """
+        from mmdtl2_dist.core.kernels import KernelSpec
+        from mmdtl2_dist.core.mmdt import linear_svm
+
+        K, cost = len(self.classes_), np.full(len(yt), float(p["c_t"]))
+        y_enc = np.searchsorted(self.classes_, yt)
+        Theta, b = linear_svm(Xt, y_enc, K, cost, p["qp_solver"], p["qp_tol"])
+        spec = KernelSpec("linear")
+        self._Z, self._fit, self._prior = None, None, (1.0, np.zeros(Xt.shape[1]))
+        self.adapter_ = AdapterState(
+            classes=self.classes_, X_train=Xt, P=np.zeros((K, len(Xt))), b=b,
+            V=np.vstack([Theta, np.zeros((1, K))]), kernel=spec,
+            preprocessing=self.target_preprocessing_,
+        )  # fmt: skip
+        self.coef_source_ = Theta.T
+        self.intercept_ = b
+        self.objective_, self.n_iter_ = [], 0
+        self.fit_info_ = {"method": "target_svm", "n_iter": 0}
         self.kernel_ = spec
 
     def _prior_map(self, p, Ls, Lt):
@@ -332,11 +361,12 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         check_is_fitted(self)
         X = check_features(X, self.n_features_in_, owner=type(self).__name__)
         Xp = self.target_preprocessing_.transform(X)
-        Xt = self.adapter_.X_train
-        k = self.kernel_(Xt @ Xp.T, np.einsum("ij,ij->i", Xt, Xt), np.einsum("ij,ij->i", Xp, Xp))
-        WX = (self._Z.T @ (self._fit.Gamma @ (self._fit.C @ k))).T
-        if self._prior is not None:
-            WX += _apply_prior(self._prior, Xp, WX.shape[1])
+        WX = _apply_prior(self._prior, Xp, self.n_source_features_)
+        if self._fit is not None:  # None: select="auto"'s target SVM, W = I
+            Xt = self.adapter_.X_train
+            sq = np.einsum("ij,ij->i", Xt, Xt), np.einsum("ij,ij->i", Xp, Xp)
+            k = self.kernel_(Xt @ Xp.T, *sq)
+            WX += (self._Z.T @ (self._fit.Gamma @ (self._fit.C @ k))).T
         return WX
 
     @one_thread
@@ -351,8 +381,10 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                 f"W would have {Ls} x {Lt + 1} = {Ls * (Lt + 1):,} entries "
                 f"({Ls * (Lt + 1) * 8 / 1e9:.1f} GB); use transform() or decision_function()."
             )
-        Xh = np.hstack([self.adapter_.X_train, np.ones((self.adapter_.X_train.shape[0], 1))])
-        W = self._Z.T @ self._fit.Gamma @ self._fit.C @ Xh
+        W = np.zeros((Ls, Lt + 1))
+        if self._fit is not None:  # None: select="auto"'s target SVM, W = I
+            Xh = np.hstack([self.adapter_.X_train, np.ones((self.adapter_.X_train.shape[0], 1))])
+            W = self._Z.T @ self._fit.Gamma @ self._fit.C @ Xh
         if self._prior is not None:
             A, w = self._prior
             if np.isscalar(A):
