@@ -33,7 +33,8 @@ the frozen rule), ``fresh2`` (seed 2029, for the confirmation of its extensions)
 ``fresh3`` (seed 2030, for the confirmation of STF, self-training from the fold fits) and
 ``fresh4`` (seed 2031, for the confirmation of STF2 / STF2A, STF's stronger strengths, and
 of STFH), ``fresh5`` (seed 2032, for the guard's knife edge, PT) and ``fresh6`` (seed 2034,
-for the target SVM as the rule's alternative, O, at 3, 20 and 40 labels per class).
+for the target SVM as the rule's alternative, O) and ``fresh7`` (seed 2035, for the
+target SVM as the default with many labels, O2).
 Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
@@ -77,6 +78,7 @@ from mmdtl2_dist.core.auto import (
     NO_FOLDS,
     candidate_map,
     confident_pseudo_labels,
+    default_and_alternatives,
     fit_predict_auto,
     pca_dim,
     pool_problem,
@@ -97,10 +99,11 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 # ``fresh3`` (seed 2030) self-training from the fold fits (``--variants STF``) and ``fresh4``
 # (seed 2031) its two stronger strengths (``--variants STF STF2 STF2A``) and then STFH;
 # ``fresh5`` (seed 2032) the guard's deterministic knife edge (PT); ``fresh6`` (seed 2034)
-# the target SVM as the rule's alternative (O) at 3, 20 and 40 labels per class.
+# the target SVM as the rule's alternative (O) at 3, 10, 20 and 40 labels per class, and
+# ``fresh7`` (seed 2035) the target SVM as the default with many labels (O2).
 SEEDS = {
     **SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032,
-    "fresh6": 2034,
+    "fresh6": 2034, "fresh7": 2035,
 }  # fmt: skip
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
@@ -379,18 +382,21 @@ def explore_rules() -> dict:
 FROZEN = {
     "no_folds": CANDIDATES_AUTO[NO_FOLDS].label,
     "default": CANDIDATES_AUTO[DEFAULT].label,
-    "alternatives": tuple(CANDIDATES_AUTO[a].label for a in ALTERNATIVES),
     "signal": "cv_hinge",
     "z": 1.0,
 }
 
 
 def frozen_pick(rec) -> tuple[str, int]:
-    """The frozen rule on a record: without per-class folds its fold-free prior, else the
-    default guarded against the alternatives by the paired held-out hinge loss."""
+    """The frozen rule on a record (its labelled targets per class ``rec["job"][4]``):
+    without per-class folds its fold-free prior, else the default guarded against the
+    alternatives (:func:`~mmdtl2_dist.core.auto.default_and_alternatives`) by the paired
+    held-out hinge loss. Records need the target SVM's (:func:`target_svm_cv`)."""
     if not rec["cv_hit"].get(FROZEN["default"]):
         return FROZEN["no_folds"], 1
-    rule = guarded(FROZEN["default"], FROZEN["alternatives"], FROZEN["signal"], FROZEN["z"])
+    default, alternatives = default_and_alternatives(rec["job"][4])
+    label = lambda c: CANDIDATES_AUTO[c].label  # noqa: E731
+    rule = guarded(label(default), tuple(map(label, alternatives)), FROZEN["signal"], FROZEN["z"])
     return rule(rec)
 
 
@@ -412,8 +418,9 @@ def collect_frozen(job, data_dir, seed):
     t2 = time.perf_counter()
     pick = CANDIDATES_AUTO[choice.pick].label
     rec["acc"][pick] = float(np.mean(res.y_pred == yq))
-    plain = fit_predict(choice.method, choice.params, pool_problem(pool, base.ys, base.yt,
-                                                                  choice.prior_map))
+    plain = fit_predict(
+        choice.method, choice.params, pool_problem(pool, base.ys, base.yt, choice.prior_map)
+    )
     rec["acc_without_self_training"] = float(np.mean(plain.y_pred == yq))
     rec.update(
         pick=pick, cost=res.info["n_fits"], select_s=t2 - t0,
@@ -435,7 +442,8 @@ FOLD_SELF_TRAINING = {
     "STF2A": (2, True),
     "STFH": (None, False),
 }
-ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, T and S, refitted on all labelled targets
+# D, O and S refitted on all labelled targets (D, T and S, T the zero prior, before O).
+ENSEMBLE = (DEFAULT, *ALTERNATIVES)
 
 
 def hard_shift_times(choice) -> int:
@@ -454,8 +462,9 @@ def with_pseudo_labels(pool: SamplePool, yt, rows, labels):
 
 def refit(cand: str, pool: SamplePool, ys, yt, pmap):
     """Candidate ``cand`` of the frozen rule fitted on the pool's labelled targets, with
-    its shared-PCA map ``pmap`` (None for the identity-prior candidates)."""
-    return fit_predict("mmdtl2", rule_params(cand, None), pool_problem(pool, ys, yt, pmap))
+    its shared-PCA map ``pmap`` (None for the other candidates)."""
+    prob = pool_problem(pool, ys, yt, pmap)
+    return fit_predict(CANDIDATES_AUTO[cand].method, rule_params(cand, None), prob)
 
 
 def pseudo_labelled(pool: SamplePool, ys, yt, scores, classes, times: int, eligible=None):
@@ -489,7 +498,7 @@ def fold_scores(choice, pool, ys, yt):
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(prob.Ktt))
     idx = np.arange(len(yt))
     fits = [
-        fit_predict("mmdtl2", choice.params, fold_trained(prob, np.setdiff1d(idx, held)))
+        fit_predict(choice.method, choice.params, fold_trained(prob, np.setdiff1d(idx, held)))
         for held in folds
     ]
     return [r.scores for r in fits], fits[0].classes

@@ -23,6 +23,7 @@ from mmdtl2_dist.core.auto import (
     CANDIDATES,
     LowRankMap,
     confident_pseudo_labels,
+    default_and_alternatives,
     fit_predict_auto,
     guarded_pick,
     paired_gain,
@@ -112,7 +113,8 @@ def test_auto_reproduces_a_recorded_target_svm_pick():
     # the final fit: the target SVM on the labelled and the self-trained targets
     grown = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train,
                        np.r_[pool.target_train, choice.pseudo_rows], pool.target_test)  # fmt: skip
-    again = fit_predict("target_svm", {"c_t": 1.0}, pool_problem(grown, ys, choice.problem.yt, None))
+    grown_prob = pool_problem(grown, ys, choice.problem.yt, None)
+    again = fit_predict("target_svm", {"c_t": 1.0}, grown_prob)
     np.testing.assert_allclose(res.scores, again.scores, rtol=1e-10, atol=1e-10)
     assert res.info["n_fits"] == 10 and res.info["auto"]["method"] == "target_svm"
     assert 0 < len(choice.pseudo_rows) <= len(yt)  # k = n: 10 labels a class is not "few"
@@ -166,6 +168,31 @@ def test_guard_needs_gain_above_its_standard_error():
     pick, gains = guarded_pick({"D": h_d, "O": h_d - 0.2, "S": h_d - 0.3})
     assert pick == "S" and gains["S"][0] == pytest.approx(0.3)
     assert paired_gain(np.r_[1.0], np.r_[0.0]) == (0.0, np.inf)
+
+
+def test_with_more_than_10_labels_in_every_class_the_target_svm_is_the_default():
+    """Dev: the target SVM as the default lost at 3 and 10 labels a class, won at 20, 40."""
+    assert default_and_alternatives(10) == ("D", ("O", "S"))
+    assert default_and_alternatives(11) == ("O", ("D", "S"))
+    h = np.array([1.0, 0.8, 1.2, 1.0])
+    # the default stays unless an alternative gains more than its standard error
+    assert (
+        guarded_pick({"O": h, "D": h - 0.01 * np.r_[1, -1, 1, -1], "S": h}, "O", ("D", "S"))[0]
+        == "O"
+    )
+    assert guarded_pick({"O": h, "D": h - 0.3, "S": h}, "O", ("D", "S"))[0] == "D"
+
+
+def test_a_split_with_many_labels_fits_the_target_svm_unless_the_source_helps():
+    """11 labelled targets in every class (SURF amazon→caltech, dev split 2): the guard
+    starts from the target SVM, and the table says so."""
+    pool, ys, yt, yq = dev_split("amazon", "caltech", 2, 11)
+    res, choice = fit_predict_auto(pool, ys, yt)
+    assert [r["candidate"] for r in choice.table] == ["O", "D", "S"]
+    assert choice.pseudo_per_labelled == 0 and res.info["n_fits"] == 10
+    gains = {r["candidate"]: (r["gain_over_default"], r["se"]) for r in choice.table}
+    moved = [c for c in ("D", "S") if gains[c][0] > gains[c][1]]
+    assert choice.pick == (max(moved, key=lambda c: gains[c][0]) if moved else "O")
 
 
 def test_hard_shifts_at_few_labels_get_twice_the_pseudo_labels():
@@ -230,7 +257,8 @@ def test_rule_parameters_cannot_be_overridden():
         rule_params("D", {"c_f": 0.1})
     assert rule_params("S", {"c_t": 2.0}) == {"c_t": 2.0, **CANDIDATES["S"].params}
     # the target SVM keeps its own c_t = 1 and takes only the caller's solver settings
-    assert rule_params("O", {"c_t": 0.1, "c_d": 0.1, "qp_tol": 1e-6}) == {"qp_tol": 1e-6, "c_t": 1.0}
+    got = rule_params("O", {"c_t": 0.1, "c_d": 0.1, "qp_tol": 1e-6})
+    assert got == {"qp_tol": 1e-6, "c_t": 1.0}
 
 
 def auto_devices(seed=0, K=3, L=20, N=30, per_class=3, U=40, Q=30):

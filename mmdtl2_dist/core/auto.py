@@ -4,13 +4,14 @@ The rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data"; its ve
 string :data:`AUTO_RULE` is recorded with every result it produces) picks among four
 candidates on one axis, how much to trust the source:
 
-- **D** (default): MMDTL2 with the shared-PCA prior ``W0 = P Pᵀ`` over the pool,
-  ``d = min(4C, p − 1)`` (lowered to the rank of the centred pool if the features span
-  fewer dimensions), prior weight 0.5;
-- **O** (only the target): the target SVM (``c_t = 1``, the source ignored), the
-  baseline that adaptation must beat; with many labelled targets per class every MMDTL2
-  candidate fell below it on dev (BENCHMARKS.md, "The target SVM as the rule's
-  alternative (O)"), where it replaced the paper's zero prior;
+- **D** (the default up to :data:`MANY_LABELS` labels a class): MMDTL2 with the
+  shared-PCA prior ``W0 = P Pᵀ`` over the pool, ``d = min(4C, p − 1)`` (lowered to the
+  rank of the centred pool if the features span fewer dimensions), prior weight 0.5;
+- **O** (only the target; the default when every class has more labels): the target SVM
+  (``c_t = 1``, the source ignored), the baseline that adaptation must beat; with 20 and
+  40 labelled targets per class every MMDTL2 candidate fell below it on dev
+  (BENCHMARKS.md, "The target SVM as the rule's alternative (O)" and "... as the default
+  with many labels"), where it replaced the paper's zero prior;
 - **S** (trust the source): MMDTL2 with the identity prior ``W0 = I`` at weight 1;
 - **F** (no validation possible): MMDTL2 with the shared-PCA prior, ``d = min(2C, p − 1)``,
   weight 1;
@@ -29,10 +30,12 @@ samples to be scored: the transductive protocol of the published methods).
 Otherwise ``min(n, 3)`` per-class folds in canonical order
 (:func:`~mmdtl2_dist.core.selection.cv_folds`, fold ``j`` holds out the ``j``-th sample of
 every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O and S are fitted
-on every fold and each held-out sample gets its multiclass hinge loss ``h``. For each
-alternative ``a`` in (O, S): ``g_a`` = mean over held-out samples of ``h_D − h_a``,
-``se_a`` = their standard deviation (``ddof=1``) / √(number held out). If some
-``g_a > se_a``, the alternative with the larger ``g_a`` (O on a tie); otherwise D.
+on every fold and each held-out sample gets its multiclass hinge loss ``h``. The default
+``d`` is D with alternatives (O, S), or O with alternatives (D, S) when ``n`` exceeds
+:data:`MANY_LABELS` (:func:`default_and_alternatives`). For each alternative ``a``:
+``g_a`` = mean over held-out samples of ``h_d − h_a``, ``se_a`` = their standard
+deviation (``ddof=1``) / √(number held out). If some ``g_a > se_a``, the alternative with
+the larger ``g_a`` (the first listed on a tie); otherwise the default.
 
 **Self-training from the fold fits.** The **unlabelled targets** are the pool's target
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
@@ -46,7 +49,7 @@ labelled count, twice that on a **hard shift** (:func:`pseudo_labels_per_labelle
 pick's mean held-out hinge loss is at least :data:`HARD_HINGE` (the fold fits leave the
 held-out targets inside the margin or misclassified) and no class has more than
 :data:`DOUBLE_UP_TO` labelled targets. Without folds (F), without unlabelled targets, or
-when some class has more than :data:`SELF_TRAIN_UP_TO` labelled targets (many labels: the
+when some class has more than :data:`MANY_LABELS` labelled targets (many labels: the
 pseudo-labels' errors cost more than they add) the final fit uses the labelled targets
 alone. Designed on dev data and confirmed on new split sets (BENCHMARKS.md,
 "Self-training from the rule's fold fits (STF)", "Twice the pseudo-labels on hard shifts
@@ -70,11 +73,11 @@ from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
 from mmdtl2_dist.core.priors import PoolMap, SamplePool
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 
-AUTO_RULE = "auto-2026-11-27-o"
+AUTO_RULE = "auto-2026-11-27-o2"
 MAX_FOLDS = 3
 HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
 DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
-SELF_TRAIN_UP_TO = 10  # labelled targets per class up to which the rule self-trains
+MANY_LABELS = 10  # labelled targets per class above which the target SVM is the default
 RULE_KEYS = ("prior", "prior_weight", "c_f")  # what the rule chooses; the caller sets the rest
 
 
@@ -101,6 +104,8 @@ CANDIDATES = {
     "F": Candidate("F", "shared PCA d=2C", {**_PCA, "prior_weight": 1.0}, 2),
 }
 DEFAULT, ALTERNATIVES, NO_FOLDS = "D", ("O", "S"), "F"
+#: The default and its alternatives when every class has more than :data:`MANY_LABELS`.
+MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES = "O", ("D", "S")
 #: The parameters of the caller's that the target SVM (candidate O) takes.
 TARGET_SVM_KEYS = ("qp_solver", "qp_tol")
 
@@ -112,7 +117,7 @@ class AutoChoice:
     ``pick`` names a :data:`CANDIDATES` entry; ``params`` are the full MMDTL2 parameters
     to fit it with; ``pca_dim`` and ``prior_map`` (the shared-PCA map over the pool, as
     :class:`~mmdtl2_dist.core.priors.PoolMap`) are set for a shared-PCA pick. ``table``
-    has one row per fitted candidate (mean held-out hinge loss, gain over D and its
+    has one row per fitted candidate (mean held-out hinge loss, gain over the default and its
     standard error). ``problem`` is the split's :class:`GramProblem` for the final fit: the
     pick's prior blocks, and as labelled targets the labelled ones followed by the
     ``pseudo_rows`` (target pool rows) with their ``pseudo_labels``; ``n_unlabelled`` is
@@ -212,13 +217,13 @@ def pool_problem(
 
 
 def fold_fits(method: str, params: Mapping, prob: GramProblem, unl: GramProblem, folds):
-    """The CV's fits of one candidate (its core ``method`` and ``params``): held-out hinge
-    losses, and fold-averaged scores of the unlabelled.
+    """The CV's fits of one candidate: held-out hinge losses, fold-averaged scores.
 
-    Returns every held-out sample's multiclass hinge loss (folds in order), the fold fits'
-    decision scores on ``unl``'s scored rows (the unlabelled targets) averaged over the
-    folds (``None`` if there are none), and the classes. Each fold is one fit that scores
-    its held-out rows and the unlabelled rows together.
+    The candidate is fitted by the core's ``method`` with ``params``. Returns every
+    held-out sample's multiclass hinge loss (folds in order), the fold fits' decision
+    scores on ``unl``'s scored rows (the unlabelled targets) averaged over the folds
+    (``None`` if there are none), and the classes. Each fold is one fit that scores its
+    held-out rows and the unlabelled rows together.
     """
     idx, hinge, scores = np.arange(len(prob.yt)), [], []
     for held in folds:
@@ -255,11 +260,11 @@ def unlabelled_rows(pool: SamplePool, learn: np.ndarray) -> np.ndarray:
 
 
 def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
-    """Self-training's pseudo-labels per labelled target: 2 on a hard shift, 1 on an easy
-    one, 0 (no self-training) when labels are many.
+    """Self-training's pseudo-labels per labelled target: 2 (hard shift), 1, or 0.
 
+    0 (no self-training) when labels are many, 2 on a hard shift, 1 on an easy one.
     ``most_per_class`` is the largest class's count of labelled targets. Many: above
-    :data:`SELF_TRAIN_UP_TO`; on dev, self-training gained at 10 labelled targets per
+    :data:`MANY_LABELS`; on dev, self-training gained at 10 labelled targets per
     class and lost at 20 and 40, where the pseudo-labels (about a quarter of them wrong on
     SURF) outnumber the labelled errors they could correct. Hard: the pick's mean
     held-out hinge loss ``pick_hinge`` is at least :data:`HARD_HINGE` and no class has
@@ -268,7 +273,7 @@ def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     where they could (near-ceiling deep features) or where labels were many (10 per
     class).
     """
-    if most_per_class > SELF_TRAIN_UP_TO:
+    if most_per_class > MANY_LABELS:
         return 0
     return 2 if most_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
 
@@ -322,15 +327,30 @@ def paired_gain(h_default: np.ndarray, h_alt: np.ndarray) -> tuple[float, float]
     return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
 
 
-def guarded_pick(hinge: Mapping[str, np.ndarray]) -> tuple[str, dict]:
+def default_and_alternatives(fewest_per_class: int) -> tuple[str, tuple[str, ...]]:
+    """The guard's default and alternatives, by the smallest class's labelled count.
+
+    D guarded by (O, S); when every class has more than :data:`MANY_LABELS` labelled
+    targets, the target SVM guarded by (D, S). On dev, the target SVM as the default lost
+    at 3 and 10 labels per class (1.1 and 0.6 points) and won at 20 and 40, where every
+    MMDTL2 candidate fell below it on SURF.
+    """
+    if fewest_per_class > MANY_LABELS:
+        return MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES
+    return DEFAULT, ALTERNATIVES
+
+
+def guarded_pick(
+    hinge: Mapping[str, np.ndarray], default: str = DEFAULT, alternatives=ALTERNATIVES
+) -> tuple[str, dict]:
     """The rule's pick from the held-out hinge losses, and each alternative's ``(gain, se)``.
 
-    D unless an alternative's paired gain exceeds its standard error; then the larger
-    gain, the first listed on a tie.
+    The default unless an alternative's paired gain exceeds its standard error; then the
+    larger gain, the first listed on a tie.
     """
-    best, best_gain, gains = DEFAULT, 0.0, {}
-    for alt in ALTERNATIVES:
-        gain, se = gains[alt] = paired_gain(hinge[DEFAULT], hinge[alt])
+    best, best_gain, gains = default, 0.0, {}
+    for alt in alternatives:
+        gain, se = gains[alt] = paired_gain(hinge[default], hinge[alt])
         if gain > se and gain > best_gain:
             best, best_gain = alt, gain
     return best, gains
@@ -367,7 +387,8 @@ def select_auto(
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(pool.Ktt[np.ix_(lab, lab)]))
     counts = np.unique(yt, return_counts=True)[1]
     n_min = int(counts.min())
-    names = [DEFAULT, *ALTERNATIVES] if folds else [NO_FOLDS]
+    default, alternatives = default_and_alternatives(n_min)
+    names = [default, *alternatives] if folds else [NO_FOLDS]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if folds else unl[:0])
     maps, dims, hinge, scores = {}, {}, {}, {}
@@ -380,7 +401,7 @@ def select_auto(
                 pool_problem(pool, ys, yt, maps[c], test_gram=False),
                 pool_problem(unl_pool, ys, yt, maps[c], test_gram=False), folds,
             )  # fmt: skip
-    pick, gains = guarded_pick(hinge) if folds else (NO_FOLDS, {})
+    pick, gains = guarded_pick(hinge, default, alternatives) if folds else (NO_FOLDS, {})
     fit_pool, fit_yt, pseudo, labels, times = pool, yt, np.zeros(0, int), yt[:0], 0
     if scores.get(pick) is not None:
         times = pseudo_labels_per_labelled(int(counts.max()), float(hinge[pick].mean()))
@@ -394,7 +415,7 @@ def select_auto(
             "label": CANDIDATES[c].label,
             "pca_dim": dims[c],
             "cv_hinge": float(hinge[c].mean()) if c in hinge else None,
-            "gain_over_D": gains.get(c, (None, None))[0],
+            "gain_over_default": gains.get(c, (None, None))[0],
             "se": gains.get(c, (None, None))[1],
             "n_held_out": int(hinge[c].size) if c in hinge else 0,
         }
@@ -478,8 +499,9 @@ def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None)
 
     Returns ``(choice, W0, added)``: ``added`` are the rows of ``Xu`` self-training
     labelled (``choice.pseudo_labels``, in order); ``W0`` is ``None`` for the
-    identity-prior pick (S) and the target SVM (O), and the shared-PCA projection ``P Pᵀ`` as a :class:`LowRankMap` otherwise, with the basis
-    ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
+    identity-prior pick (S) and the target SVM (O), and the shared-PCA projection ``P Pᵀ``
+    as a :class:`LowRankMap` otherwise, with the basis ``P = Yᵀ A`` (``Y`` the pool's
+    features, ``A`` the Gram-form coefficients of
     :func:`~mmdtl2_dist.core.gram_pca.pca_basis`), so that the feature-form fit equals the
     Gram-form one.
     """

@@ -60,8 +60,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         (:mod:`mmdtl2_dist.core.auto`, version ``AUTO_RULE``): it chooses ``prior``,
         ``prior_weight`` and ``c_f`` (the estimator's values of those, and ``W0``, are not
         used) among a shared-PCA prior learned from the source samples and every target
-        sample given (labelled and unlabelled), the zero prior and the identity prior;
-        one feature space for both devices. Otherwise, if given, candidate parameter
+        sample given (labelled and unlabelled), the identity prior and the target SVM
+        (no adaptation: ``transform`` is then the identity); one feature space for both
+        devices. Otherwise, if given, candidate parameter
         sets, or the name of a grid of
         :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the prior's
         mixing weight 0, 0.25, …, 1, of the identity, or of ``W0`` with
