@@ -247,10 +247,14 @@ def version_description(handle, cfg, fitted) -> str:
     if fitted.auto:
         a = fitted.auto
         s += (
-            f", prior chosen by the rule {a['rule']}: {a['pick']} ({a['label']}, "
+            f", chosen by the rule {a['rule']}: {a['pick']} ({a['label']}, "
             f"{json.dumps(a['params'], default=str)}) from a pool of {a['pool_size']} samples, "
+        )
+        s += (
             f"{a['pseudo_labelled']} unlabelled target samples self-trained into the fit with "
             "the labels the rule's fold fits gave them"
+            if a["pseudo_labelled"]
+            else "without self-training"
         )
     elif fitted.selected_params:
         s += f", chosen by cross-validation: {json.dumps(fitted.selected_params, default=str)}"
