@@ -187,35 +187,43 @@ def collect(job, data_dir, seed):
             hits += (r.y_pred == prob.yt[held]).astype(int).tolist()
             hinge += multiclass_hinge(r.scores, r.classes, prob.yt[held]).tolist()
         rec["cv_hit"][label], rec["cv_hinge"][label] = hits, hinge
-    for key, value in target_svm_cv(base, folds, yq).items():
+    for key, value in target_svm_cv(base, folds).items():
         rec[key][TARGET_ONLY] = value
+    rec["acc"][TARGET_ONLY] = rec["ref"]["target_svm"]
     return rec
 
 
-def target_svm_cv(base, folds, yq) -> dict:
-    """The target SVM as one more candidate (:data:`TARGET_ONLY`): its test accuracy and,
-    on the same per-class folds as the MMDTL2 candidates, its held-out correctness and
-    multiclass hinge loss (the record's ``"acc"``, ``"cv_hit"`` and ``"cv_hinge"``)."""
-    res = fit_predict("target_svm", {}, base)
+def target_svm_cv(base, folds) -> dict:
+    """The target SVM as one more candidate (:data:`TARGET_ONLY`): on the same per-class
+    folds as the MMDTL2 candidates, its held-out correctness and multiclass hinge loss (the
+    record's ``"cv_hit"`` and ``"cv_hinge"``; its test accuracy is ``rec["ref"]``'s)."""
     hits, hinge, idx = [], [], np.arange(len(base.yt))
     for held in folds:
         r = fit_predict("target_svm", {}, sub_problem(base, np.setdiff1d(idx, held), held))
         hits += (r.y_pred == base.yt[held]).astype(int).tolist()
         hinge += multiclass_hinge(r.scores, r.classes, base.yt[held]).tolist()
-    return {"acc": float(np.mean(res.y_pred == yq)), "cv_hit": hits, "cv_hinge": hinge}
+    return {"cv_hit": hits, "cv_hinge": hinge}
 
 
 def with_target_svm_cv(rec: dict, data_dir, seed) -> dict:
     """A ``collect`` record from before :func:`target_svm_cv`, completed by it."""
-    dataset, source, target, k, n_lab = rec["job"]
+    _, base, _ = split_problem(rec["job"], data_dir, seed)
+    folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
+    for key, value in target_svm_cv(base, folds).items():
+        rec[key][TARGET_ONLY] = value
+    rec["acc"][TARGET_ONLY] = rec["ref"]["target_svm"]
+    return rec
+
+
+def split_problem(job, data_dir, seed):
+    """``(pool, base, yq)`` of one split: its pool (source rows, the whole target domain),
+    the problem of its labelled samples and the test labels."""
+    dataset, source, target, k, n_lab = job
     Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
     src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
     pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
     base = pool.problem(ys_all[src], yt_all[lab])
-    folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
-    for key, value in target_svm_cv(base, folds, yt_all[test]).items():
-        rec[key][TARGET_ONLY] = value
-    return rec
+    return pool, base, yt_all[test]
 
 
 def paired_gain(rec, alt: str, default: str, signal: str = "cv_hit") -> tuple[float, float]:
@@ -404,12 +412,7 @@ def collect_frozen(job, data_dir, seed):
     """The frozen rule on one split, run by the product (``core/auto.py``,
     :func:`~mmdtl2_dist.core.auto.fit_predict_auto`): its pick, its cost in fits and its
     wall time against one fit of the pick, beside the reference SVMs."""
-    dataset, source, target, k, n_lab = job
-    Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
-    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
-    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
-    base = pool.problem(ys_all[src], yt_all[lab])
-    yq = yt_all[test]
+    pool, base, yq = split_problem(job, data_dir, seed)
     rec = {"ref": {}, "acc": {}}
     for m in ("source_svm", "target_svm"):
         rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
@@ -442,14 +445,14 @@ FOLD_SELF_TRAINING = {
     "STF2A": (2, True),
     "STFH": (None, False),
 }
-# D, O and S refitted on all labelled targets (D, T and S, T the zero prior, before O).
-ENSEMBLE = (DEFAULT, *ALTERNATIVES)
+ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, O and S, refitted on all labelled targets
 
 
 def hard_shift_times(choice) -> int:
     """STFH's pseudo-labels per labelled target (BENCHMARKS.md, "Twice the pseudo-labels
-    on hard shifts (STFH)"): STF2's 2 on a hard shift at ≤ 3 labels per class, STF's 1
-    elsewhere, as the product's own gate (``pseudo_labels_per_labelled``) decided."""
+    on hard shifts (STFH)"): the product's own gate (``pseudo_labels_per_labelled``), STF2's
+    2 on a hard shift at ≤ 3 labels per class, 0 (no self-training) above 10, STF's 1
+    elsewhere."""
     return choice.pseudo_per_labelled
 
 
@@ -529,7 +532,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     - **ST** / **ST2**: the frozen rule's pick refitted with the pseudo-labelled scored
       targets added (1× / 2× each class's labelled count, largest margins of the pick's
       final scores); one fit more than the frozen rule.
-    - **ENS**: D, T and S refitted on all labelled targets, raw scores averaged (3 fits);
+    - **ENS**: D, O and S refitted on all labelled targets, raw scores averaged (3 fits);
       the frozen rule's F when a class has fewer than 2 labelled targets.
     - **ENS+ST**: pseudo-labels (1×) from the ensemble's scores, then D, T, S refitted
       with them and averaged (6 fits); ST when a class has fewer than 2.
@@ -544,12 +547,8 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     The test labels are read only for the accuracies and the pseudo-labels' precision
     (a diagnostic), never by a variant.
     """
-    dataset, source, target, k, n_lab = job
-    Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
-    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
-    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
-    base = pool.problem(ys_all[src], yt_all[lab])
-    ys, yt, yq = base.ys, base.yt, yt_all[test]
+    pool, base, yq = split_problem(job, data_dir, seed)
+    ys, yt = base.ys, base.yt
     rec = {"ref": {}, "acc": {}, "cost": {}, "pseudo_precision": {}, "wall_s": {}}
     for m in ("source_svm", "target_svm"):
         rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))

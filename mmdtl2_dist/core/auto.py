@@ -7,11 +7,13 @@ candidates on one axis, how much to trust the source:
 - **D** (the default up to :data:`MANY_LABELS` labels a class): MMDTL2 with the
   shared-PCA prior ``W0 = P Pᵀ`` over the pool, ``d = min(4C, p − 1)`` (lowered to the
   rank of the centred pool if the features span fewer dimensions), prior weight 0.5;
-- **O** (only the target; the default when every class has more labels): the target SVM
-  (``c_t = 1``, the source ignored), the baseline that adaptation must beat; with 20 and
-  40 labelled targets per class every MMDTL2 candidate fell below it on dev
-  (BENCHMARKS.md, "The target SVM as the rule's alternative (O)" and "... as the default
-  with many labels"), where it replaced the paper's zero prior;
+- **O** (only the target; the default when every class has more labels): the linear
+  target SVM with ``c_t = 1``, the baseline that adaptation must beat, whatever the
+  caller's ``c_t`` and kernel; the source is ignored. With 20 and 40 labelled targets per
+  class every MMDTL2 candidate fell below it on dev (BENCHMARKS.md, "The target SVM as the
+  rule's alternative (O)" and "... as the default with many labels"). It is a candidate
+  only when the labelled targets cover every class of the source: it cannot predict a
+  class it has no labelled sample of;
 - **S** (trust the source): MMDTL2 with the identity prior ``W0 = I`` at weight 1;
 - **F** (no validation possible): MMDTL2 with the shared-PCA prior, ``d = min(2C, p − 1)``,
   weight 1;
@@ -26,13 +28,14 @@ caller provides (labelled, unlabelled and, only when the caller puts them there,
 samples to be scored: the transductive protocol of the published methods).
 
 **The rule.** ``n`` is the smallest number of labelled target samples in a class. If
-``n < 2`` no fold can be formed: **F**, one fit (never silently the zero prior).
+``n < 2`` no fold can be formed: **F**, one fit.
 Otherwise ``min(n, 3)`` per-class folds in canonical order
 (:func:`~mmdtl2_dist.core.selection.cv_folds`, fold ``j`` holds out the ``j``-th sample of
 every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O and S are fitted
 on every fold and each held-out sample gets its multiclass hinge loss ``h``. The default
 ``d`` is D with alternatives (O, S), or O with alternatives (D, S) when ``n`` exceeds
-:data:`MANY_LABELS` (:func:`default_and_alternatives`). For each alternative ``a``:
+:data:`MANY_LABELS`; D with the alternative S alone when O is no candidate
+(:func:`default_and_alternatives`). For each alternative ``a``:
 ``g_a`` = mean over held-out samples of ``h_d − h_a``, ``se_a`` = their standard
 deviation (``ddof=1``) / √(number held out). If some ``g_a > se_a``, the alternative with
 the larger ``g_a`` (the first listed on a tie); otherwise the default.
@@ -77,8 +80,12 @@ AUTO_RULE = "auto-2026-11-27-o2"
 MAX_FOLDS = 3
 HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
 DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
-MANY_LABELS = 10  # labelled targets per class above which the target SVM is the default
-RULE_KEYS = ("prior", "prior_weight", "c_f")  # what the rule chooses; the caller sets the rest
+# Labelled targets per class above which labels are "many": the target SVM is the default
+# when every class has more, and no class with more self-trains.
+MANY_LABELS = 10
+# What the rule chooses for its MMDTL2 candidates; the caller sets the rest (the target
+# SVM, candidate O, keeps its own c_t and linear kernel: :func:`rule_params`).
+RULE_KEYS = ("prior", "prior_weight", "c_f")
 
 
 @dataclass(frozen=True)
@@ -114,13 +121,14 @@ TARGET_SVM_KEYS = ("qp_solver", "qp_tol")
 class AutoChoice:
     """What :func:`select_auto` chose, and why.
 
-    ``pick`` names a :data:`CANDIDATES` entry; ``params`` are the full MMDTL2 parameters
-    to fit it with; ``pca_dim`` and ``prior_map`` (the shared-PCA map over the pool, as
-    :class:`~mmdtl2_dist.core.priors.PoolMap`) are set for a shared-PCA pick. ``table``
-    has one row per fitted candidate (mean held-out hinge loss, gain over the default and its
-    standard error). ``problem`` is the split's :class:`GramProblem` for the final fit: the
-    pick's prior blocks, and as labelled targets the labelled ones followed by the
-    ``pseudo_rows`` (target pool rows) with their ``pseudo_labels``; ``n_unlabelled`` is
+    ``pick`` names a :data:`CANDIDATES` entry; ``params`` are the full parameters of its
+    core method (:attr:`method`) to fit it with; ``pca_dim`` and ``prior_map`` (the
+    shared-PCA map over the pool, as :class:`~mmdtl2_dist.core.priors.PoolMap`) are set
+    for a shared-PCA pick. ``table`` has one row per fitted candidate (mean held-out hinge
+    loss, gain over the default and its standard error). ``problem`` is the split's
+    :class:`GramProblem` for the final fit: the pick's prior blocks, and as labelled
+    targets the labelled ones followed by the ``pseudo_rows`` (target pool rows) with
+    their ``pseudo_labels``; ``n_unlabelled`` is
     the number of unlabelled target rows the rule could learn from (self-training chooses
     among them when folds exist), ``pseudo_per_labelled`` how many it asked per labelled
     target (:func:`pseudo_labels_per_labelled`; 0 without self-training).
@@ -320,21 +328,29 @@ def confident_pseudo_labels(
 
 
 def paired_gain(h_default: np.ndarray, h_alt: np.ndarray) -> tuple[float, float]:
-    """Mean of ``h_D − h_a`` over held-out samples and its standard error."""
+    """Mean and standard error of ``h_d − h_a`` over the held-out samples.
+
+    ``h_d`` is the default's hinge loss, ``h_a`` the alternative's.
+    """
     diff = np.asarray(h_default, float) - np.asarray(h_alt, float)
     if diff.size < 2:
         return 0.0, float("inf")
     return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
 
 
-def default_and_alternatives(fewest_per_class: int) -> tuple[str, tuple[str, ...]]:
+def default_and_alternatives(
+    fewest_per_class: int, target_covers: bool = True
+) -> tuple[str, tuple[str, ...]]:
     """The guard's default and alternatives, by the smallest class's labelled count.
 
     D guarded by (O, S); when every class has more than :data:`MANY_LABELS` labelled
     targets, the target SVM guarded by (D, S). On dev, the target SVM as the default lost
     at 3 and 10 labels per class (1.1 and 0.6 points) and won at 20 and 40, where every
-    MMDTL2 candidate fell below it on SURF.
+    MMDTL2 candidate fell below it on SURF. Without ``target_covers`` (some source class
+    has no labelled target) the target SVM is no candidate: D guarded by S.
     """
+    if not target_covers:
+        return DEFAULT, tuple(a for a in ALTERNATIVES if CANDIDATES[a].method == "mmdtl2")
     if fewest_per_class > MANY_LABELS:
         return MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES
     return DEFAULT, ALTERNATIVES
@@ -387,7 +403,8 @@ def select_auto(
     folds = cv_folds(yt, MAX_FOLDS, "per_class", order=canonical_order(pool.Ktt[np.ix_(lab, lab)]))
     counts = np.unique(yt, return_counts=True)[1]
     n_min = int(counts.min())
-    default, alternatives = default_and_alternatives(n_min)
+    covers = bool(np.isin(np.unique(ys), yt).all())
+    default, alternatives = default_and_alternatives(n_min, covers)
     names = [default, *alternatives] if folds else [NO_FOLDS]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if folds else unl[:0])

@@ -61,7 +61,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         ``prior_weight`` and ``c_f`` (the estimator's values of those, and ``W0``, are not
         used) among a shared-PCA prior learned from the source samples and every target
         sample given (labelled and unlabelled), the identity prior and the target SVM
-        (no adaptation: ``transform`` is then the identity); one feature space for both
+        (no adaptation: the linear target SVM with ``c_t = 1`` whatever the estimator's
+        ``c_t`` and kernel, ``transform`` then the identity); one feature space for both
         devices. Otherwise, if given, candidate parameter
         sets, or the name of a grid of
         :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the prior's
@@ -84,10 +85,11 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     coef_source_ : ndarray (K, Ls)
         Source-space hyperplanes ``Θᵀ``; ``intercept_`` (K,) their biases.
     objective_ : list of float
-        Objective after the initial SVM and every alternation.
+        Objective after the initial SVM and every alternation (empty when
+        ``select="auto"`` picked the target SVM).
     n_iter_ : int
     fit_info_ : dict
-        QP statuses and KKT residuals, timings.
+        QP statuses and KKT residuals, timings (for a target-SVM pick only its method).
     selection_ : list of dict or None
         CV table when ``select`` was given; ``selected_params_`` the chosen set.
     auto_ : dict or None
@@ -277,8 +279,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     def _fit_target_only(self, Xt, yt, p):
         """``select="auto"``'s target SVM (pick O): linear SVMs on the target samples alone.
 
-        Its hyperplanes ``Θ`` are the adapter's prior term (``V = [Θ; 0]``, zero kernel
-        coefficients), so scoring, the registry and serving are those of every other
+        Its hyperplanes ``Θ`` are the adapter's prior term (``V = [Θ; 0]``, no kernel
+        anchors), so scoring, the registry and serving are those of every other
         pick; ``W`` is the identity (one feature space for both devices under
         ``select="auto"``), so source samples are scored by the same hyperplanes.
         """
@@ -291,7 +293,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         spec = KernelSpec("linear")
         self._Z, self._fit, self._prior = None, None, (1.0, np.zeros(Xt.shape[1]))
         self.adapter_ = AdapterState(
-            classes=self.classes_, X_train=Xt, P=np.zeros((K, len(Xt))), b=b,
+            classes=self.classes_, X_train=Xt[:0], P=np.zeros((K, 0)), b=b,
             V=np.vstack([Theta, np.zeros((1, K))]), kernel=spec,
             preprocessing=self.target_preprocessing_,
         )  # fmt: skip
