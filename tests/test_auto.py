@@ -22,7 +22,6 @@ from mmdtl2_dist.core.adapter import AdapterState
 from mmdtl2_dist.core.auto import (
     AUTO_RULE,
     CANDIDATES,
-    LowRankMap,
     confident_pseudo_labels,
     default_and_alternatives,
     fit_predict_auto,
@@ -33,6 +32,7 @@ from mmdtl2_dist.core.auto import (
     rule_params,
     select_auto,
 )
+from mmdtl2_dist.core.auto_features import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import SamplePool

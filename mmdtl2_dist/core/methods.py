@@ -173,9 +173,9 @@ class GramProblem:
 def _map_and_bias(W0, Ls: int, Lt: int):
     """``(M, w0)`` of a prior map ``W0 = [M | w0]`` of shape (Ls, Lt) or (Ls, Lt + 1).
 
-    A :class:`~mmdtl2_dist.core.auto.LowRankMap` (shape (Ls, Lt), no bias) stays factored.
+    A :class:`~mmdtl2_dist.core.auto_features.LowRankMap` (shape (Ls, Lt), no bias) stays factored.
     """
-    from mmdtl2_dist.core.auto import LowRankMap
+    from mmdtl2_dist.core.auto_features import LowRankMap
 
     if isinstance(W0, LowRankMap) and W0.shape == (Ls, Lt):
         return W0, 0.0

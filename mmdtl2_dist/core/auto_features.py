@@ -1,0 +1,92 @@
+"""``select="auto"`` on features: the rule of :mod:`mmdtl2_dist.core.auto` for the estimator.
+
+The estimator holds preprocessed features, not Grams: :func:`select_auto_features` builds
+the rule's pool from them and returns the pick's shared-PCA prior in feature form, as the
+factors of :class:`LowRankMap` (a 64,896-d ``P Pᵀ`` would be 34 GB), so that the
+feature-form fit equals the Gram-form one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from mmdtl2_dist.core.auto import select_auto
+from mmdtl2_dist.core.priors import SamplePool
+
+
+class LowRankMap:
+    """A linear map ``B Cᵀ`` kept as its factors ``B`` (Ls, r) and ``C`` (Lt, r).
+
+    The shared-PCA prior ``W0 = P Pᵀ`` of a 64,896-d feature space would be a 34 GB
+    matrix; as factors it costs ``L·d``. Supports what the estimator's prior needs:
+    ``map @ M``, ``X @ map`` (numpy defers to :meth:`__rmatmul__`), ``.T``, scaling by a
+    number and :meth:`dense` (only for small dimensions).
+    """
+
+    __array_ufunc__ = None  # make ``ndarray @ LowRankMap`` call __rmatmul__
+
+    def __init__(self, B: np.ndarray, C: np.ndarray):
+        self.B, self.C = B, C
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.B.shape[0], self.C.shape[0]
+
+    @property
+    def T(self) -> LowRankMap:
+        return LowRankMap(self.C, self.B)
+
+    def __matmul__(self, M: np.ndarray) -> np.ndarray:
+        return self.B @ (self.C.T @ M)
+
+    def __rmatmul__(self, X: np.ndarray) -> np.ndarray:
+        return (X @ self.B) @ self.C.T
+
+    def __mul__(self, mu: float) -> LowRankMap:
+        return LowRankMap(float(mu) * self.B, self.C)
+
+    __rmul__ = __mul__
+
+    def dense(self) -> np.ndarray:
+        return self.B @ self.C.T
+
+
+def feature_pool(Xs: np.ndarray, Xt: np.ndarray, Xu: np.ndarray | None) -> SamplePool:
+    """The pool of preprocessed features: labelled source rows and every target row given.
+
+    Target rows: the labelled ``Xt`` first, then the unlabelled ``Xu``; nothing is scored.
+    """
+    Yt = Xt if Xu is None or len(Xu) == 0 else np.vstack([Xt, Xu])
+    return SamplePool(
+        Xs @ Xs.T, Yt @ Yt.T, Xs @ Yt.T, np.arange(len(Xs)), np.arange(len(Xt)), np.arange(0)
+    )
+
+
+def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None):
+    """:func:`select_auto` on preprocessed features, and the pick's prior in feature form.
+
+    Returns ``(choice, W0, added)``: ``added`` are the rows of ``Xu`` self-training
+    labelled (``choice.pseudo_labels``, in order); ``W0`` is ``None`` for the
+    identity-prior pick (S) and the target SVM (O), and the shared-PCA projection ``P Pᵀ``
+    as a :class:`LowRankMap` otherwise, with the basis ``P = Yᵀ A`` (``Y`` the pool's
+    features, ``A`` the Gram-form coefficients of
+    :func:`~mmdtl2_dist.core.gram_pca.pca_basis`), so that the feature-form fit equals the
+    Gram-form one.
+    """
+    if Xs.shape[1] != Xt.shape[1]:
+        raise ValueError(
+            f"select='auto' needs source and target in one feature space (its priors compare "
+            f"the two devices' features), got {Xs.shape[1]} and {Xt.shape[1]} dimensions; "
+            "use select=None with prior='zero' or prior='matrix' and a map W0."
+        )
+    pool = feature_pool(Xs, Xt, Xu)
+    choice = select_auto(pool, ys, yt, params)
+    added = choice.pseudo_rows - len(Xt)  # the pool's target rows: Xt, then Xu
+    if choice.prior_map is None:
+        return choice, None, added
+    parts = [Xs, Xt] + ([] if Xu is None or len(Xu) == 0 else [Xu])
+    A, start = choice.prior_map.L, np.cumsum([0] + [len(X) for X in parts])
+    P = sum(X.T @ A[a:b] for X, a, b in zip(parts, start[:-1], start[1:], strict=True))
+    return choice, LowRankMap(P, P), added
