@@ -142,6 +142,23 @@ def _cli(*args) -> list[str]:
 
 
 @pytest.mark.ray
+def settled_shards(shards: Path, quiet_s: float = 10.0, limit_s: float = 120.0) -> dict:
+    """The finished shard files once none has appeared for ``quiet_s`` seconds.
+
+    The killed driver's Ray worker can still finish the shard it was computing before Ray
+    stops it (one shard takes a few seconds here), so the count is taken when it stands.
+    """
+    seen, since, deadline = None, time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        now = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.npz")}
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.1)
+    return seen
+
+
 def test_resume_after_sigkill_of_a_real_extract(images, tmp_path):
     out = tmp_path / "k.zarr"
     cmd = _cli(images, out, "--model", "alexnet:conv3", "--weights", "random:0")
@@ -158,7 +175,7 @@ def test_resume_after_sigkill_of_a_real_extract(images, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
-    done = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.npz")}
+    done = settled_shards(shards)
     assert len(done) >= 3 and not out.exists()
     # the store was being filled while the shards ran: staged, with its arrays, not in place
     (staged,) = tmp_path.glob(".k.zarr.tmp-*")
