@@ -10,6 +10,10 @@
     python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants STF       # STF only
     python benchmarks/bench_rule_dev.py --data DIR --splits 20 --variants STF STF2 STF2A
     python benchmarks/bench_rule_dev.py --variant-tables benchmarks/results/rule_dev_variants.json
+    python benchmarks/bench_rule_dev.py --data DIR --labels 1 3 10 20 40 --splits 10 \
+        --classes 2 3 5 --frozen                                  # fewer classes per shift
+    python benchmarks/bench_rule_dev.py --data DIR --labels 1 3 10 20 40 \
+        --source-per-class 1000 --frozen                          # every source sample
 
 Two phases in one script, so the rule is judged on the same records it was chosen from:
 
@@ -125,15 +129,17 @@ MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fit
 KNN = 5
 
 
-def split_rows(ys_all, yt_all, source, target, k, seed, n_lab):
-    """Source rows (20 per class, 8 from webcam/dslr), ``n_lab`` labelled target rows per
-    class and the rest of the target domain; for ``n_lab = 3`` exactly the rows of
-    ``bench_selection.random_split_rows``, and the same source rows for every ``n_lab``."""
+def split_rows(ys_all, yt_all, source, target, k, seed, n_lab, source_per_class=None):
+    """Source rows (20 per class, 8 from webcam/dslr, or ``source_per_class``: all of a
+    class with fewer), ``n_lab`` labelled target rows per class and the rest of the target
+    domain; for ``n_lab = 3`` exactly the rows of ``bench_selection.random_split_rows``, and
+    the same source rows for every ``n_lab``."""
     rng = np.random.default_rng([seed, SHIFTS.index((source, target)), k])
-    ns = 8 if source in ("webcam", "dslr") else 20
-    src = np.concatenate(
-        [rng.choice(np.flatnonzero(ys_all == c), ns, replace=False) for c in np.unique(ys_all)]
-    )
+    ns = source_per_class or (8 if source in ("webcam", "dslr") else 20)
+    src = np.concatenate([
+        rng.choice(rows, min(ns, len(rows)), replace=False)
+        for rows in (np.flatnonzero(ys_all == c) for c in np.unique(ys_all))
+    ])  # fmt: skip
     lab = np.concatenate(
         [rng.choice(np.flatnonzero(yt_all == c), n_lab, replace=False) for c in np.unique(yt_all)]
     )
@@ -217,13 +223,35 @@ def with_target_svm_cv(rec: dict, data_dir, seed) -> dict:
 
 def split_problem(job, data_dir, seed):
     """``(pool, base, yq)`` of one split: its pool (source rows, the whole target domain),
-    the problem of its labelled samples and the test labels."""
-    dataset, source, target, k, n_lab = job
+    the problem of its labelled samples and the test labels. A job's sixth entry, a dict,
+    varies the protocol: ``"classes"`` keeps only that many classes of the shift
+    (:func:`class_subset`), ``"source_per_class"`` draws that many source samples per class
+    (all of a class that has fewer)."""
+    dataset, source, target, k, n_lab = job[:5]
+    vary = job[5] if len(job) > 5 else {}
     Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
-    src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
+    if vary.get("classes"):
+        keep_s, keep_t = class_subset(ys_all, yt_all, source, target, k, seed, vary["classes"])
+        Ks, Kt = Ks[np.ix_(keep_s, keep_s)], Kt[np.ix_(keep_t, keep_t)]
+        Kst, ys_all, yt_all = Kst[np.ix_(keep_s, keep_t)], ys_all[keep_s], yt_all[keep_t]
+    src, lab, test = split_rows(
+        ys_all, yt_all, source, target, k, seed, n_lab, vary.get("source_per_class")
+    )
     pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
     base = pool.problem(ys_all[src], yt_all[lab])
     return pool, base, yt_all[test]
+
+
+def class_subset(ys_all, yt_all, source, target, k, seed, n_classes):
+    """Rows of the source and target domains of ``n_classes`` classes drawn per split.
+
+    The rule's class-count check (BENCHMARKS.md, "The rule with fewer classes"): every dev
+    dataset has 10 classes, and the rule sets its subspace dimensions in units of the class
+    count, so shifts restricted to 2 or 5 of their classes test that scaling on dev data.
+    """
+    rng = np.random.default_rng([seed, SHIFTS.index((source, target)), k, 1000 + n_classes])
+    kept = rng.choice(np.unique(ys_all), n_classes, replace=False)
+    return np.flatnonzero(np.isin(ys_all, kept)), np.flatnonzero(np.isin(yt_all, kept))
 
 
 def paired_gain(rec, alt: str, default: str, signal: str = "cv_hit") -> tuple[float, float]:
@@ -279,9 +307,11 @@ def rule_table(records, rules: dict) -> dict:
     reference SVMs, the mean cost of each rule and how often it picks each candidate."""
     out: dict = {}
     for rec in records:
-        ds, s, t, _, n = rec["job"]
+        ds, s, t = rec["job"][:3]
         key = f"{ds}:{s[0].upper()}→{t[0].upper()}"
-        cell = out.setdefault(n, {}).setdefault(key, {"source SVM": [], "target SVM": []})
+        cell = out.setdefault(budget(rec["job"]), {}).setdefault(
+            key, {"source SVM": [], "target SVM": []}
+        )
         cell["source SVM"].append(rec["ref"]["source_svm"])
         cell["target SVM"].append(rec["ref"]["target_svm"])
         for name, rule in rules.items():
@@ -292,13 +322,26 @@ def rule_table(records, rules: dict) -> dict:
     return out
 
 
+def budget(job):
+    """A split's label budget: its labelled targets per class, and the protocol's
+    variation when the job has one (``(variation, n)``)."""
+    if len(job) < 6:
+        return job[4]
+    return (", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(job[5].items())), job[4])
+
+
+def budget_name(key) -> str:
+    """Words for a :func:`budget` key."""
+    return f"{key}" if not isinstance(key, tuple) else f"{key[1]}, {key[0]}"
+
+
 def format_rule_tables(table: dict, rules: dict) -> str:
     """Per budget: per-shift mean ± SE, dataset means, worst gap to max(source, target SVM)
     and the shifts lost by more than one standard error."""
     lines = []
     names = ["source SVM", "target SVM", *rules]
     for n in sorted(table):
-        lines += [f"\n## {n} labelled target sample(s) per class\n"]
+        lines += [f"\n## {budget_name(n)} labelled target sample(s) per class\n"]
         lines += ["| shift | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         by_ds: dict = {}
         lost: dict = {}
@@ -364,7 +407,7 @@ def compact_summary(table: dict, rules: dict) -> str:
             cols = [f"{np.mean(ds_means[d]):.1f}" if d in ds_means else "n/a" for d in DATASETS]
             overall = np.mean([x for v in ds_means.values() for x in v])
             lines.append(
-                f"| {name} | {n} | " + " | ".join(cols) + f" | {overall:.1f}"
+                f"| {name} | {budget_name(n)} | " + " | ".join(cols) + f" | {overall:.1f}"
                 f" | {np.mean(best_all):.1f} | {min(gaps):+.1f} | {lost} | {np.mean(costs):.1f} |"
             )
     return "\n".join(lines)
@@ -408,6 +451,21 @@ def frozen_pick(rec) -> tuple[str, int]:
     return rule(rec)
 
 
+def source_subsample(pool: SamplePool, ys, job):
+    """The pool and labels with at most 20 source samples per class, drawn per split (the
+    largest source the rule was designed with): a prototype."""
+    rng = np.random.default_rng([SHIFTS.index(tuple(job[1:3])), job[3], 20])
+    keep = np.sort(np.concatenate([
+        rng.choice(rows, min(20, len(rows)), replace=False)
+        for rows in (np.flatnonzero(ys == c) for c in np.unique(ys))
+    ]))  # fmt: skip
+    sub = SamplePool(
+        pool.Kss[np.ix_(keep, keep)], pool.Ktt, pool.Kst[keep], np.arange(len(keep)),
+        pool.target_train, pool.target_test,
+    )  # fmt: skip
+    return sub, ys[keep]
+
+
 def collect_frozen(job, data_dir, seed):
     """The frozen rule on one split, run by the product (``core/auto.py``,
     :func:`~mmdtl2_dist.core.auto.fit_predict_auto`): its pick, its cost in fits and its
@@ -416,13 +474,19 @@ def collect_frozen(job, data_dir, seed):
     rec = {"ref": {}, "acc": {}}
     for m in ("source_svm", "target_svm"):
         rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
+    vary = job[5] if len(job) > 5 else {}
+    rule_pool, rule_ys = pool, base.ys
+    if vary.get("rule_source") == "subsampled":
+        rule_pool, rule_ys = source_subsample(pool, base.ys, job)
     t0 = time.perf_counter()
-    res, choice = fit_predict_auto(pool, base.ys, base.yt)
+    res, choice = fit_predict_auto(rule_pool, rule_ys, base.yt)
     t2 = time.perf_counter()
     pick = CANDIDATES_AUTO[choice.pick].label
     rec["acc"][pick] = float(np.mean(res.y_pred == yq))
     plain = fit_predict(
-        choice.method, choice.params, pool_problem(pool, base.ys, base.yt, choice.prior_map)
+        choice.method,
+        choice.params,
+        pool_problem(rule_pool, rule_ys, base.yt, choice.prior_map),
     )
     rec["acc_without_self_training"] = float(np.mean(plain.y_pred == yq))
     rec.update(
@@ -655,8 +719,9 @@ def write_variant_tables(records, meta, path: Path) -> None:
     path.write_text(text)
 
 
-def jobs_for(datasets, data_dir, labels, splits):
-    """(dataset, source, target, split, n_lab) of every split, skipping infeasible budgets."""
+def jobs_for(datasets, data_dir, labels, splits, variations=(None,)):
+    """(dataset, source, target, split, n_lab[, variation]) of every split, skipping
+    infeasible budgets; a variation (:func:`split_problem`) only where one is given."""
     out = []
     for ds in datasets:
         for s, t in SHIFTS:
@@ -664,7 +729,10 @@ def jobs_for(datasets, data_dir, labels, splits):
                 continue
             yt = shift_grams(ds, s, t, data_dir)[4]
             smallest = np.bincount(yt)[np.unique(yt)].min()
-            out += [(ds, s, t, k, n) for n in labels if n < smallest for k in range(splits)]
+            out += [
+                (ds, s, t, k, n, *([] if v is None else [v]))
+                for v in variations for n in labels if n < smallest for k in range(splits)
+            ]  # fmt: skip
     return out
 
 
@@ -675,8 +743,8 @@ def write_frozen_tables(records, meta, path: Path) -> None:
     ratio = [r["select_s"] / max(r["final_fit_s"], 1e-9) for r in records]
     picks: dict = {}
     for r in records:
-        picks.setdefault(r["job"][4], {}).setdefault(r["pick"], 0)
-        picks[r["job"][4]][r["pick"]] += 1
+        picks.setdefault(budget_name(budget(r["job"])), {}).setdefault(r["pick"], 0)
+        picks[budget_name(budget(r["job"]))][r["pick"]] += 1
     text = (
         f"# `{meta['command']}` ({meta['split_set']}; mean ± standard error over splits, %)\n"
         + format_rule_tables(table, rules)
@@ -697,6 +765,23 @@ def main() -> None:
     ap.add_argument("--labels", nargs="+", type=int, default=[1, 3, 10])
     ap.add_argument("--splits", type=int, default=5)
     ap.add_argument("--set", choices=list(SEEDS), default="dev")
+    ap.add_argument(
+        "--classes",
+        nargs="+",
+        type=int,
+        default=None,
+        help="keep only this many classes of every shift (drawn per split; --frozen only)",
+    )
+    ap.add_argument(
+        "--source-per-class",
+        type=int,
+        default=None,
+        help="source samples per class instead of 20 (8 from webcam/dslr); --frozen only",
+    )
+    ap.add_argument(
+        "--rule-source", choices=("subsampled",), default=None,
+        help="prototype: the rule's source subsampled to 20 samples per class (--frozen)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
     ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
@@ -738,13 +823,34 @@ def main() -> None:
     data_dir = None if args.data is None else str(args.data.resolve())
     only = "_" + "_".join(args.variants).lower().replace("+", "") if args.variants else ""
     suffix = f"_variants{only}" if args.variants is not None else "_frozen" if args.frozen else ""
+    if args.classes:
+        suffix += "_classes_" + "_".join(map(str, args.classes))
+    if args.source_per_class:
+        suffix += f"_source_{args.source_per_class}"
+    if args.rule_source:
+        suffix += f"_{args.rule_source}"
     args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}{suffix}.json"
     wanted = None if args.variants is None else tuple(args.variants or VARIANTS)
     run = (
         (lambda job, d, seed: collect_variants(job, d, seed, wanted)) if wanted
         else collect_frozen if args.frozen else collect
     )  # fmt: skip
-    jobs = jobs_for(datasets, data_dir, args.labels, args.splits)
+    if (args.classes or args.source_per_class or args.rule_source) and not args.frozen:
+        ap.error("--classes and --source-per-class run the frozen rule only: add --frozen")
+    variations = [
+        {
+            k: v
+            for k, v in (
+                ("classes", c),
+                ("source_per_class", args.source_per_class),
+                ("rule_source", args.rule_source),
+            )
+            if v
+        }
+        or None
+        for c in (args.classes or [None])
+    ]
+    jobs = jobs_for(datasets, data_dir, args.labels, args.splits, variations)
     t0 = time.perf_counter()
     records = []
     with threadpool_limits(1):
@@ -762,6 +868,9 @@ def main() -> None:
         + " ".join(datasets)
         + f" --labels {' '.join(map(str, args.labels))} --splits {args.splits} --set {args.set}"
         + (" --frozen" if args.frozen else "")
+        + ("" if not args.classes else " --classes " + " ".join(map(str, args.classes)))
+        + ("" if not args.source_per_class else f" --source-per-class {args.source_per_class}")
+        + (f" --rule-source {args.rule_source}" if args.rule_source else "")
         + ("" if args.variants is None else " --variants " + " ".join(args.variants)).rstrip(),
         "datasets": datasets,
         "labels": args.labels,

@@ -223,3 +223,31 @@ def test_stf2a_takes_only_eligible_rows_and_fewer_when_fewer_are_eligible(rule_d
     )
     assert rows.tolist() == [1, 2, 3]  # row 0 not eligible: the next largest margin, row 2
     assert labels.tolist() == [0, 0, 1]
+
+
+def test_class_subset_keeps_the_same_drawn_classes_on_both_domains(rule_dev):
+    ys, yt = np.repeat(np.arange(1, 11), 4), np.repeat(np.arange(1, 11), 6)
+    keep_s, keep_t = rule_dev.class_subset(ys, yt, "amazon", "webcam", 0, 2027, 3)
+    assert len(set(ys[keep_s])) == 3 and set(ys[keep_s]) == set(yt[keep_t])
+    assert len(keep_s) == 12 and len(keep_t) == 18  # every row of the kept classes
+    again = rule_dev.class_subset(ys, yt, "amazon", "webcam", 1, 2027, 3)
+    assert set(ys[again[0]]) != set(ys[keep_s])  # drawn per split
+
+
+def test_split_rows_with_more_source_per_class_than_a_class_has_take_all_of_it(rule_dev):
+    ys = np.r_[np.zeros(5, int), np.ones(30, int)]
+    yt = np.repeat([0, 1], 10)
+    src, lab, test = rule_dev.split_rows(ys, yt, "amazon", "webcam", 0, 2027, 3, 1000)
+    assert sorted(src.tolist()) == list(range(35))
+    assert len(lab) == 6 and len(test) == 14 and not set(lab) & set(test)
+    src20, *_ = rule_dev.split_rows(ys, yt, "amazon", "webcam", 0, 2027, 3, 20)
+    assert np.bincount(ys[src20]).tolist() == [5, 20]
+
+
+def test_a_varied_protocol_is_its_own_label_budget(rule_dev):
+    plain, varied = (
+        ("surf", "amazon", "webcam", 0, 3),
+        ("surf", "amazon", "webcam", 0, 3, {"classes": 2}),
+    )
+    assert rule_dev.budget(plain) == 3
+    assert rule_dev.budget_name(rule_dev.budget(varied)) == "3, 2 classes"
