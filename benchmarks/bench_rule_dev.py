@@ -123,8 +123,11 @@ CANDIDATES = (
 )  # fmt: skip
 LABELS = [c[0] for c in CANDIDATES]
 # The target SVM (``c_t = 1``, source ignored) as a candidate of a rule: ``collect``
-# records its held-out losses on the same folds (:func:`target_svm_cv`).
+# records its held-out losses on the same folds (:func:`svm_cv`), and ``--add-svm-cv``
+# those of the source SVM (source and labelled targets together) as well.
 TARGET_ONLY = "target SVM"
+SOURCE_AND_TARGET = "source SVM"
+SVM_LABELS = {"target_svm": TARGET_ONLY, "source_svm": SOURCE_AND_TARGET}
 MAX_FOLDS = 3  # per-class folds: 3 candidates × 3 folds + 1 final fit = 10 fits at most
 KNN = 5
 
@@ -193,31 +196,32 @@ def collect(job, data_dir, seed):
             hits += (r.y_pred == prob.yt[held]).astype(int).tolist()
             hinge += multiclass_hinge(r.scores, r.classes, prob.yt[held]).tolist()
         rec["cv_hit"][label], rec["cv_hinge"][label] = hits, hinge
-    for key, value in target_svm_cv(base, folds).items():
+    for key, value in svm_cv(base, folds, "target_svm").items():
         rec[key][TARGET_ONLY] = value
     rec["acc"][TARGET_ONLY] = rec["ref"]["target_svm"]
     return rec
 
 
-def target_svm_cv(base, folds) -> dict:
-    """The target SVM as one more candidate (:data:`TARGET_ONLY`): on the same per-class
-    folds as the MMDTL2 candidates, its held-out correctness and multiclass hinge loss (the
-    record's ``"cv_hit"`` and ``"cv_hinge"``; its test accuracy is ``rec["ref"]``'s)."""
+def svm_cv(base, folds, method: str) -> dict:
+    """A reference SVM (``"target_svm"`` or ``"source_svm"``, :data:`SVM_LABELS`) as one
+    more candidate: on the same per-class folds as the MMDTL2 candidates, its held-out
+    correctness and multiclass hinge loss (the record's ``"cv_hit"`` and ``"cv_hinge"``;
+    its test accuracy is ``rec["ref"]``'s)."""
     hits, hinge, idx = [], [], np.arange(len(base.yt))
     for held in folds:
-        r = fit_predict("target_svm", {}, sub_problem(base, np.setdiff1d(idx, held), held))
+        r = fit_predict(method, {}, sub_problem(base, np.setdiff1d(idx, held), held))
         hits += (r.y_pred == base.yt[held]).astype(int).tolist()
         hinge += multiclass_hinge(r.scores, r.classes, base.yt[held]).tolist()
     return {"cv_hit": hits, "cv_hinge": hinge}
 
 
-def with_target_svm_cv(rec: dict, data_dir, seed) -> dict:
-    """A ``collect`` record from before :func:`target_svm_cv`, completed by it."""
+def with_svm_cv(rec: dict, data_dir, seed, method: str = "target_svm") -> dict:
+    """A ``collect`` record completed by :func:`svm_cv` of ``method``."""
     _, base, _ = split_problem(rec["job"], data_dir, seed)
     folds = cv_folds(base.yt, MAX_FOLDS, "per_class", order=canonical_order(base.Ktt))
-    for key, value in target_svm_cv(base, folds).items():
-        rec[key][TARGET_ONLY] = value
-    rec["acc"][TARGET_ONLY] = rec["ref"]["target_svm"]
+    for key, value in svm_cv(base, folds, method).items():
+        rec[key][SVM_LABELS[method]] = value
+    rec["acc"][SVM_LABELS[method]] = rec["ref"][method]
     return rec
 
 
@@ -438,17 +442,18 @@ FROZEN = {
 }
 
 
-def frozen_pick(rec) -> tuple[str, int]:
+def frozen_pick(rec, also=()) -> tuple[str, int]:
     """The frozen rule on a record (its labelled targets per class ``rec["job"][4]``):
     without per-class folds its fold-free prior, else the default guarded against the
-    alternatives (:func:`~mmdtl2_dist.core.auto.default_and_alternatives`) by the paired
-    held-out hinge loss. Records need the target SVM's (:func:`target_svm_cv`)."""
+    alternatives (:func:`~mmdtl2_dist.core.auto.default_and_alternatives`) and the record
+    labels ``also`` by the paired held-out hinge loss. Records need the target SVM's
+    (:func:`svm_cv`)."""
     if not rec["cv_hit"].get(FROZEN["default"]):
         return FROZEN["no_folds"], 1
     default, alternatives = default_and_alternatives(rec["job"][4])
     label = lambda c: CANDIDATES_AUTO[c].label  # noqa: E731
-    rule = guarded(label(default), tuple(map(label, alternatives)), FROZEN["signal"], FROZEN["z"])
-    return rule(rec)
+    alts = (*map(label, alternatives), *also)
+    return guarded(label(default), alts, FROZEN["signal"], FROZEN["z"])(rec)
 
 
 def source_subsample(pool: SamplePool, ys, job):
@@ -791,8 +796,14 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--variant-tables", type=Path, default=None, help="tables of a --variants run")
     ap.add_argument(
-        "--add-target-svm", type=Path, default=None,
+        "--add-target-svm",
+        type=Path,
+        default=None,
         help="records of an earlier collect run to complete with the target SVM's CV",
+    )
+    ap.add_argument(
+        "--svm", choices=tuple(SVM_LABELS), default="target_svm",
+        help="the reference SVM whose CV --add-target-svm adds (default: the target SVM)",
     )  # fmt: skip
     args = ap.parse_args()
     if args.add_target_svm is not None:
@@ -800,8 +811,8 @@ def main() -> None:
         data_dir = None if args.data is None else str(args.data.resolve())
         seed = SEEDS[saved["meta"]["split_set"].split()[0]]
         with threadpool_limits(1):
-            saved["records"] = [with_target_svm_cv(r, data_dir, seed) for r in saved["records"]]
-        out = args.add_target_svm.with_name(args.add_target_svm.stem + "_target_svm.json")
+            saved["records"] = [with_svm_cv(r, data_dir, seed, args.svm) for r in saved["records"]]
+        out = args.add_target_svm.with_name(f"{args.add_target_svm.stem}_{args.svm}.json")
         out.write_text(json.dumps(saved, ensure_ascii=False))
         print(f"{len(saved['records'])} records -> {out}")
         return
@@ -814,6 +825,8 @@ def main() -> None:
     if args.rules is not None:
         records = json.loads(args.rules.read_text())["records"]
         rules = {**explore_rules(), "frozen rule": frozen_pick}
+        if any(SOURCE_AND_TARGET in r["cv_hinge"] for r in records):  # --svm source_svm
+            rules["frozen rule + source SVM"] = lambda r: frozen_pick(r, (SOURCE_AND_TARGET,))
         text = f"# `python benchmarks/bench_rule_dev.py --rules {args.rules.name}`\n\n"
         text += compact_summary(rule_table(records, rules), rules) + "\n"
         print(text)
