@@ -57,6 +57,14 @@ def test_trial_metrics_content():
     assert m[("qp_kkt_residual_max", 0)] == pytest.approx(2e-7)
 
 
+def test_alternation_means_count_only_the_units_that_ran_one():
+    payload = _payload()
+    payload["units"][1]["info"] = {"time_total_s": 0.01}  # a target-SVM pick: no alternation
+    m = {(k, s): v for k, v, s in trial_metrics(payload)}
+    assert m[("n_units", 0)] == 2 and m[("alternation_units", 0)] == 1
+    assert [m[("objective_mean", i)] for i in range(3)] == payload["units"][0]["info"]["objective"]
+
+
 def test_one_run_per_trial_across_restarts(mlflow_sqlite, tmp_path):
     uri = mlflow_sqlite["tracking_uri"]
     kw = dict(study_name="s", spec_fingerprint="fp1", artifact_location=(tmp_path / "art").as_uri())

@@ -8,7 +8,9 @@ Layout (one tracking store, by default ``sqlite:///<output>/mlflow.db``, artifac
   (Markdown, CSV, PNG) and study-level timings;
 - one **child run per trial** (tag ``mmdtl2_trial_key``, ``mlflow.parentRunId``) with the
   method parameters, the metrics (accuracy, per-class accuracy, per-pair accuracy, the
-  objective per alternation, QP status counts and KKT residuals, timings), tags (split
+  objective per alternation, QP status counts and KKT residuals, timings; the alternation's
+  figures are means over the units that ran one, counted by ``alternation_units``: a
+  ``select="auto"`` split that picked the target SVM has none), tags (split
   seed, data fingerprint, code version) and the full per-split result as ``trial.json``.
 
 Every write goes through :class:`StudyTracker` in the driver process: SQLite allows one
@@ -128,6 +130,7 @@ def trial_metrics(
     objectives = [u.get("info", {}).get("objective") for u in units]
     objectives = [o for o in objectives if isinstance(o, list) and o]
     if objectives:
+        out.append(("alternation_units", float(len(objectives)), 0))
         depth = max(len(o) for o in objectives)
         for i in range(depth):
             vals = [o[i] for o in objectives if len(o) > i and _finite(o[i])]
