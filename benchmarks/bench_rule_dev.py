@@ -123,8 +123,9 @@ CANDIDATES = (
 )  # fmt: skip
 LABELS = [c[0] for c in CANDIDATES]
 # The target SVM (``c_t = 1``, source ignored) as a candidate of a rule: ``collect``
-# records its held-out losses on the same folds (:func:`svm_cv`), and ``--add-svm-cv``
-# those of the source SVM (source and labelled targets together) as well.
+# records its held-out losses on the same folds (:func:`svm_cv`); ``--add-target-svm
+# RECORDS --svm source_svm`` adds those of the source SVM (source and labelled targets
+# together).
 TARGET_ONLY = "target SVM"
 SOURCE_AND_TARGET = "source SVM"
 SVM_LABELS = {"target_svm": TARGET_ONLY, "source_svm": SOURCE_AND_TARGET}
@@ -167,6 +168,7 @@ def label_entropy(pred: np.ndarray) -> float:
 
 def collect(job, data_dir, seed):
     """Every candidate's test accuracy and selection signals on one split."""
+    assert not variation(job), "collect runs the design protocol only"
     dataset, source, target, k, n_lab = job
     Ks, Kt, Kst, ys_all, yt_all, bases = shift_grams(dataset, source, target, data_dir)
     src, lab, test = split_rows(ys_all, yt_all, source, target, k, seed, n_lab)
@@ -232,7 +234,7 @@ def split_problem(job, data_dir, seed):
     (:func:`class_subset`), ``"source_per_class"`` draws that many source samples per class
     (all of a class that has fewer)."""
     dataset, source, target, k, n_lab = job[:5]
-    vary = job[5] if len(job) > 5 else {}
+    vary = variation(job)
     Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
     if vary.get("classes"):
         keep_s, keep_t = class_subset(ys_all, yt_all, source, target, k, seed, vary["classes"])
@@ -249,7 +251,7 @@ def split_problem(job, data_dir, seed):
 def class_subset(ys_all, yt_all, source, target, k, seed, n_classes):
     """Rows of the source and target domains of ``n_classes`` classes drawn per split.
 
-    The rule's class-count check (BENCHMARKS.md, "The rule with fewer classes"): every dev
+    The rule's class-count check (BENCHMARKS.md, "The rule off its design protocol"): every dev
     dataset has 10 classes, and the rule sets its subspace dimensions in units of the class
     count, so shifts restricted to 2 or 5 of their classes test that scaling on dev data.
     """
@@ -326,12 +328,18 @@ def rule_table(records, rules: dict) -> dict:
     return out
 
 
+def variation(job) -> dict:
+    """The protocol's variation of a job (its sixth entry, :func:`split_problem`), or {}."""
+    return job[5] if len(job) > 5 else {}
+
+
 def budget(job):
     """A split's label budget: its labelled targets per class, and the protocol's
     variation when the job has one (``(variation, n)``)."""
-    if len(job) < 6:
+    vary = variation(job)
+    if not vary:
         return job[4]
-    return (", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(job[5].items())), job[4])
+    return (", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(vary.items())), job[4])
 
 
 def budget_name(key) -> str:
@@ -339,12 +347,21 @@ def budget_name(key) -> str:
     return f"{key}" if not isinstance(key, tuple) else f"{key[1]}, {key[0]}"
 
 
+def budget_order(key):
+    """Sort key of :func:`budget` keys: plain budgets first, then by variation, then by
+    labels per class (numbers compared as numbers)."""
+    if not isinstance(key, tuple):
+        return (0, (), key)
+    words = tuple((0, int(w), "") if w.isdigit() else (1, 0, w) for w in key[0].split())
+    return (1, words, key[1])
+
+
 def format_rule_tables(table: dict, rules: dict) -> str:
     """Per budget: per-shift mean ± SE, dataset means, worst gap to max(source, target SVM)
     and the shifts lost by more than one standard error."""
     lines = []
     names = ["source SVM", "target SVM", *rules]
-    for n in sorted(table):
+    for n in sorted(table, key=budget_order):
         lines += [f"\n## {budget_name(n)} labelled target sample(s) per class\n"]
         lines += ["| shift | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         by_ds: dict = {}
@@ -396,7 +413,7 @@ def compact_summary(table: dict, rules: dict) -> str:
         "|---" * 10 + "|",
     ]
     for name in ["source SVM", "target SVM", *rules]:
-        for n in sorted(table):
+        for n in sorted(table, key=budget_order):
             ds_means: dict = {}
             gaps, lost, best_all, costs = [], 0, [], []
             for key, cell in table[n].items():
@@ -457,8 +474,9 @@ def frozen_pick(rec, also=()) -> tuple[str, int]:
 
 
 def source_subsample(pool: SamplePool, ys, job):
-    """The pool and labels with at most 20 source samples per class, drawn per split (the
-    largest source the rule was designed with): a prototype."""
+    """The pool and labels with at most 20 source samples per class (the largest source
+    the rule was designed with): a prototype. The draw depends on the shift and the split
+    number only, so it is the same in every split set."""
     rng = np.random.default_rng([SHIFTS.index(tuple(job[1:3])), job[3], 20])
     keep = np.sort(np.concatenate([
         rng.choice(rows, min(20, len(rows)), replace=False)
@@ -479,9 +497,8 @@ def collect_frozen(job, data_dir, seed):
     rec = {"ref": {}, "acc": {}}
     for m in ("source_svm", "target_svm"):
         rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
-    vary = job[5] if len(job) > 5 else {}
     rule_pool, rule_ys = pool, base.ys
-    if vary.get("rule_source") == "subsampled":
+    if variation(job).get("rule_source") == "subsampled":
         rule_pool, rule_ys = source_subsample(pool, base.ys, job)
     t0 = time.perf_counter()
     res, choice = fit_predict_auto(rule_pool, rule_ys, base.yt)
@@ -799,7 +816,7 @@ def main() -> None:
         "--add-target-svm",
         type=Path,
         default=None,
-        help="records of an earlier collect run to complete with the target SVM's CV",
+        help="records of an earlier collect run to complete with a reference SVM's CV (--svm)",
     )
     ap.add_argument(
         "--svm", choices=tuple(SVM_LABELS), default="target_svm",
@@ -848,8 +865,13 @@ def main() -> None:
         (lambda job, d, seed: collect_variants(job, d, seed, wanted)) if wanted
         else collect_frozen if args.frozen else collect
     )  # fmt: skip
-    if (args.classes or args.source_per_class or args.rule_source) and not args.frozen:
-        ap.error("--classes and --source-per-class run the frozen rule only: add --frozen")
+    if (args.classes or args.source_per_class or args.rule_source) and (
+        not args.frozen or args.variants is not None
+    ):
+        ap.error(
+            "--classes, --source-per-class and --rule-source run the frozen rule only: "
+            "add --frozen and leave out --variants"
+        )
     variations = [
         {
             k: v

@@ -251,3 +251,24 @@ def test_a_varied_protocol_is_its_own_label_budget(rule_dev):
     )
     assert rule_dev.budget(plain) == 3
     assert rule_dev.budget_name(rule_dev.budget(varied)) == "3, 2 classes"
+
+
+def test_split_rows_on_the_design_protocol_are_bench_selections_rows(rule_dev):
+    selection = _script("bench_selection")
+    rng = np.random.default_rng(0)
+    ys, yt = np.repeat(np.arange(1, 11), 25)[rng.permutation(250)], np.repeat(np.arange(1, 11), 9)
+    for source, k in (("amazon", 0), ("webcam", 3)):
+        ours = rule_dev.split_rows(ys, yt, source, "dslr", k, 2027, 3)
+        theirs = selection.random_split_rows(ys, yt, source, "dslr", k, 2027)
+        assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_varied_budgets_sort_by_their_numbers_after_the_plain_ones(rule_dev):
+    keys = [(("10 classes"), 3), ("2 classes", 10), 3, ("2 classes", 3), 1]
+    assert sorted(keys, key=rule_dev.budget_order) == [
+        1,
+        3,
+        ("2 classes", 3),
+        ("2 classes", 10),
+        ("10 classes", 3),
+    ]

@@ -63,6 +63,10 @@ def test_alternation_means_count_only_the_units_that_ran_one():
     m = {(k, s): v for k, v, s in trial_metrics(payload)}
     assert m[("n_units", 0)] == 2 and m[("alternation_units", 0)] == 1
     assert [m[("objective_mean", i)] for i in range(3)] == payload["units"][0]["info"]["objective"]
+    for unit in payload["units"]:
+        unit["info"] = {}
+    m = {(k, s): v for k, v, s in trial_metrics(payload)}
+    assert m[("alternation_units", 0)] == 0 and ("objective_mean", 0) not in m
 
 
 def test_one_run_per_trial_across_restarts(mlflow_sqlite, tmp_path):

@@ -129,8 +129,8 @@ def trial_metrics(
         out.append((keys[str(k)], float(np.mean(v)), 0))
     objectives = [u.get("info", {}).get("objective") for u in units]
     objectives = [o for o in objectives if isinstance(o, list) and o]
+    out.append(("alternation_units", float(len(objectives)), 0))
     if objectives:
-        out.append(("alternation_units", float(len(objectives)), 0))
         depth = max(len(o) for o in objectives)
         for i in range(depth):
             vals = [o[i] for o in objectives if len(o) > i and _finite(o[i])]
