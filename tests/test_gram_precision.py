@@ -221,6 +221,31 @@ def test_torch_diagonal_tiles_compute_the_triangle_and_mirror_it_exactly(precisi
     assert np.abs(product.result() - X64 @ Y64.T).max() <= tol * np.abs(X64 @ Y64.T).max()
 
 
+def test_mixed_torch_tiles_sum_float32_products_over_their_span():
+    """On a GPU a mixed tile sums float32 products over narrower spans than the CPU's
+    (:data:`GPU_MIXED_SPAN`); the span is a parameter, checked on torch's CPU device.
+
+    Integer features: every float32 product over 128 of them sums below 2²⁴, so it is
+    exact, and the float64 sum of the spans is the exact Gram; one float32 product over
+    all 4,000 sums past 2²⁴, where float32 no longer holds every integer.
+    """
+    pytest.importorskip("torch")
+    from mmdtl2_dist.engine.torch_products import GPU_MIXED_SPAN, TorchProduct, mixed_span
+
+    assert mixed_span("cuda:0") == GPU_MIXED_SPAN < MIXED_SPAN == mixed_span("cpu")
+    rng = np.random.default_rng(5)
+    X = rng.integers(60, 120, (40, 4000)).astype(np.float32)
+    Y = rng.integers(60, 120, (30, 4000)).astype(np.float32)
+    exact = X.astype(np.float64) @ Y.astype(np.float64).T
+    assert exact.max() > 2**24
+    spans = TorchProduct((40, 30), "mixed", PhaseTimer(), "cpu", span=128)
+    spans.add(X, Y)
+    assert np.array_equal(spans.result(), exact)
+    whole = TorchProduct((40, 30), "mixed", PhaseTimer(), "cpu")  # one span of 4,000
+    whole.add(X, Y)
+    assert not np.array_equal(whole.result(), exact)
+
+
 def test_gpu_tiles_equal_the_numpy_tiles(cnn_store, tmp_path):
     """On a CUDA GPU (skipped elsewhere): page-locked reads in threads, the copy stream,
     the triangle of a 2,600-row diagonal tile, preprocessing, both precisions."""

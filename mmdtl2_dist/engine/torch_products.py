@@ -2,8 +2,8 @@
 
 :class:`TorchProduct` runs the arithmetic of :class:`~mmdtl2_dist.engine.products.NumpyProduct`
 with torch: exact (float32 blocks converted to float64 on the device, float64 products)
-or mixed (float32 products over :data:`~mmdtl2_dist.engine.products.MIXED_SPAN` features,
-added to the float64 accumulator), with the same error bound.
+or mixed (float32 products over :func:`mixed_span` features, each added to the float64
+accumulator), inside the same error bound.
 
 On a GPU the host never waits for the device until the tile is done:
 
@@ -43,9 +43,24 @@ TRIANGLE_SPLIT = 8
 MIN_TRIANGLE_ROWS = 1024
 #: Most threads a GPU tile reads its blocks with.
 MAX_READ_THREADS = 8
+#: Features per float32 product of a mixed tile on a GPU. Over a whole block of 8,112
+#: features cuBLAS's float32 products left the worst entry of a 20,000-row Gram 1.03e-6
+#: off float64 on an H200 (OpenBLAS's: 1.3e-7; BENCHMARKS.md); the error of a float32
+#: product grows with the features it sums, and the extra float64 additions of narrower
+#: spans cost the device little beside a tile's reading and writing.
+GPU_MIXED_SPAN = 2048
 
 _PINNED: dict[str, np.ndarray] = {}  # page-locked byte arrays (numpy views of torch's)
 _POOL: list[ThreadPoolExecutor] = []
+
+
+def mixed_span(device: str) -> int:
+    """Features per float32 product of a mixed tile on ``device``.
+
+    :data:`GPU_MIXED_SPAN` on a GPU, the CPU tiles'
+    :data:`~mmdtl2_dist.engine.products.MIXED_SPAN` elsewhere.
+    """
+    return GPU_MIXED_SPAN if str(device).startswith("cuda") else MIXED_SPAN
 
 
 def triangle_blocks(n: int) -> list[tuple[int, int]]:
@@ -70,7 +85,9 @@ def read_pool() -> ThreadPoolExecutor:
 class TorchProduct:
     """The float64 accumulator of one tile on a torch device, and its block products."""
 
-    def __init__(self, shape, precision: str, timer: PhaseTimer, device: str):
+    def __init__(
+        self, shape, precision: str, timer: PhaseTimer, device: str, span: int | None = None
+    ):
         with timer.phase("setup"):  # the first tile of a worker imports torch, opens the device
             self.torch = check_device(device)
             self.device = str(device)
@@ -79,6 +96,7 @@ class TorchProduct:
                 self.torch.cuda.synchronize(self.device)
             self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
         self.mixed = precision == "mixed"
+        self.span = span or mixed_span(self.device)
         self.timer = timer
         self.symmetric = False
         self.read_pool = read_pool() if self.cuda else None
@@ -139,8 +157,8 @@ class TorchProduct:
         if not self.mixed:
             G.addmm_(a, b.T)
             return
-        for k0 in range(0, a.shape[1], MIXED_SPAN):
-            G += a[:, k0 : k0 + MIXED_SPAN] @ b[:, k0 : k0 + MIXED_SPAN].T
+        for k0 in range(0, a.shape[1], self.span):
+            G += a[:, k0 : k0 + self.span] @ b[:, k0 : k0 + self.span].T
 
     def _to_device(self, x: np.ndarray):
         """``x`` on the device.
