@@ -272,3 +272,23 @@ def test_varied_budgets_sort_by_their_numbers_after_the_plain_ones(rule_dev):
         ("2 classes", 10),
         ("10 classes", 3),
     ]
+
+
+def test_cost_model_benchmark_predicts_each_gpu_plan_from_the_other(tmp_path):
+    cost = _script("bench_cost_model")
+    stored = ROOT / "benchmarks" / "results" / "gram_gpu_h200.json"
+    result = tmp_path / "gram_gpu.json"
+    result.write_text(stored.read_text())
+    assert cost.main([str(result)]) == 0
+    rows = cost.predictions(json.loads(stored.read_text()))
+    assert {(r["precision"], r["calibrated_on"], r["predicted"]) for r in rows} == {
+        (p, a, b) for p in ("float64", "mixed") for a, b in ((5120, 10240), (10240, 5120))
+    }
+    # the GPU terms (write rate, overlapped copies) bring every prediction closer
+    assert all(
+        abs(r["model_s"] - r["measured_s"]) < abs(r["cpu_form_s"] - r["measured_s"]) for r in rows
+    )
+    assert (
+        "| float64 | 5,120 rows | 10,240 rows | 5.39 s |"
+        in (tmp_path / "gram_gpu_cost_model.md").read_text()
+    )

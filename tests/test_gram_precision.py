@@ -418,6 +418,24 @@ def test_cost_model_follows_the_tile_schedule():
         predict_gram_seconds(10, 10, 0, r, s)
 
 
+def test_cost_model_of_a_gpu_tile_overlaps_reading_with_copies_and_products():
+    """A GPU task: max(read, copy + product) + write; without the copy rate, their sum."""
+    n, L, kw = 1000, 5000, dict(workers=1, tile_rows=1000, task_overhead_s=0)
+    read, flops, written = n * L * 4, n * n * L, 8 * n * n  # one diagonal tile
+    rates = dict(flops_per_s=1e12, read_bytes_per_s=1e9, write_bytes_per_s=5e8)
+    gpu = predict_gram_seconds(n, L, **kw, **rates, transfer_bytes_per_s=1e10)
+    reading, device = read / 1e9, read / 1e10 + flops / 1e12
+    assert reading > device  # the host's read sets the pace
+    assert gpu["seconds"] == pytest.approx(reading + written / 5e8)
+    slow_device = predict_gram_seconds(n, L, **kw, **rates, transfer_bytes_per_s=1e8)
+    assert slow_device["seconds"] == pytest.approx(read / 1e8 + flops / 1e12 + written / 5e8)
+    cpu = predict_gram_seconds(n, L, **kw, **rates)
+    assert cpu["seconds"] == pytest.approx(reading + flops / 1e12 + written / 5e8)
+    assert predict_gram_seconds(n, L, 1, 1e12, 1e9, tile_rows=1000, task_overhead_s=0)[
+        "seconds"
+    ] == pytest.approx(reading + flops / 1e12 + written / 1e9)  # writes at the read rate
+
+
 # ------------------------------------------------------------------ study specs ------
 def _spec_raw(store, **gram):
     raw = {

@@ -12,18 +12,24 @@ A tile split into ``P`` feature parts (:mod:`mmdtl2_dist.engine.plan`) is ``P`` 
 task that reads the ``P`` partial tiles and writes the chunk; the combines run after
 the parts.
 
-A task takes ``flops / r + bytes_read / s + bytes_written / s + overhead``, with ``r``
-the product rate of one worker (flop/s: one BLAS thread, or one GPU) and ``s`` the rate
+A task takes ``flops / r + bytes_read / s + bytes_written / w + overhead``, with ``r``
+the product rate of one worker (flop/s: one BLAS thread, or one GPU), ``s`` the rate
 at which one worker reads and decodes features (bytes/s: storage, CRC32C,
-decompression and the cast). The tiles are dealt to ``W`` workers in the plan's order
-(off-diagonal first, :func:`~mmdtl2_dist.engine.plan.gram_tile_plan`), each to the
-worker free first, as Ray does; the prediction is when the last worker finishes, plus
+decompression and the cast) and ``w`` the rate at which it writes, checks and
+checksums Gram bytes (by default ``s``). A GPU task (a copy rate ``x`` given) overlaps
+reading one block with copying and multiplying the last:
+``max(bytes_read / s, bytes_read / x + flops / r) + bytes_written / w + overhead``.
+The tiles are dealt to ``W`` workers in the plan's order (off-diagonal first,
+:func:`~mmdtl2_dist.engine.plan.gram_tile_plan`), each to the worker free first, as Ray
+does; the prediction is when the last worker finishes, plus
 ``startup_s`` (starting or connecting to Ray). With few tiles per worker the makespan,
 not the total work, sets the time: 3 tiles on 2 workers take two tiles' time.
 
 Calibrate ``r`` with one worker's product on a tile-sized block and ``s`` with one
 worker's read of a feature block (``benchmarks/bench_gram.py`` does both); on a cluster,
 measure ``s`` on the shared storage the store is on, with as many readers as workers.
+For GPU workers calibrate all four on one run's phase times
+(``benchmarks/bench_cost_model.py`` does, and predicts the other plans of that run).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ def predict_gram_seconds(
     task_overhead_s: float = 0.01,
     startup_s: float = 0.0,
     parts: int = 1,
+    write_bytes_per_s: float | None = None,
+    transfer_bytes_per_s: float | None = None,
 ) -> dict:
     """Predicted wall time of the Gram of ``n`` samples of ``n_features`` features.
 
@@ -65,6 +73,13 @@ def predict_gram_seconds(
         Fixed cost of one task and of the job.
     parts : int
         Feature parts per tile (1: one task per tile).
+    write_bytes_per_s : float, optional
+        Gram bytes one worker writes, checks and checksums per second (default: the read
+        rate, what one CPU calibration measures).
+    transfer_bytes_per_s : float, optional
+        Host-to-device copy rate of a GPU worker. Given, the tasks are GPU tiles: the
+        device copies and multiplies one block while the host reads the next, so a task
+        takes ``max(read, copy + product) + write`` instead of their sum.
 
     Returns
     -------
@@ -73,22 +88,30 @@ def predict_gram_seconds(
         over tasks), ``tiles``, ``tasks``, ``busy_workers`` and ``balance`` (total work /
         (workers × makespan): 1 when the tasks divide evenly).
     """
-    if workers < 1 or flops_per_s <= 0 or read_bytes_per_s <= 0 or parts < 1:
+    rates = [flops_per_s, read_bytes_per_s, write_bytes_per_s or 1, transfer_bytes_per_s or 1]
+    if workers < 1 or parts < 1 or min(rates) <= 0:
         raise ValueError("need workers >= 1, parts >= 1 and positive rates.")
+    write_rate = write_bytes_per_s or read_bytes_per_s
     tiles = gram_tile_plan(n, min(tile_rows, n))
     compute = io = 0.0
     durations, combines = [], []
     for t in tiles:
         rows_a, rows_b = t.a1 - t.a0, t.b1 - t.b0
         flops = (1.0 if t.diagonal else 2.0) * rows_a * rows_b * n_features
-        read = (rows_a + (0 if t.diagonal else rows_b)) * n_features * itemsize
-        c, i = flops / flops_per_s, (read + 8.0 * rows_a * rows_b * parts) / read_bytes_per_s
-        durations += [(c + i) / parts + task_overhead_s] * parts
+        read = (rows_a + (0 if t.diagonal else rows_b)) * n_features * itemsize / parts
+        c, r, w = (
+            flops / flops_per_s / parts,
+            read / read_bytes_per_s,
+            8.0 * rows_a * rows_b / write_rate,
+        )
+        x = 0.0 if transfer_bytes_per_s is None else read / transfer_bytes_per_s
+        task = (max(r, x + c) if transfer_bytes_per_s else r + c) + w
+        durations += [task + task_overhead_s] * parts
+        compute, io = compute + c * parts, io + (r + x + w) * parts
         if parts > 1:  # reads the parts, writes the chunk
-            combines.append(8.0 * rows_a * rows_b * (parts + 1) / read_bytes_per_s)
-            i += combines[-1]
+            combines.append(8.0 * rows_a * rows_b * parts / read_bytes_per_s + w)
+            io += combines[-1]
             combines[-1] += task_overhead_s
-        compute, io = compute + c, io + i
     durations += combines
     free = [0.0] * min(workers, len(durations))
     for d in durations:  # each task to the worker free first, in plan order
