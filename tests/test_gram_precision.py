@@ -229,10 +229,13 @@ def test_mixed_torch_tiles_sum_float32_products_over_their_span():
     exact, and the float64 sum of the spans is the exact Gram; one float32 product over
     all 4,000 sums past 2²⁴, where float32 no longer holds every integer.
     """
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     from mmdtl2_dist.engine.torch_products import GPU_MIXED_SPAN, TorchProduct, mixed_span
 
     assert mixed_span("cuda:0") == GPU_MIXED_SPAN < MIXED_SPAN == mixed_span("cpu")
+    assert mixed_span(torch.device("cuda", 1)) == mixed_span("cuda") == GPU_MIXED_SPAN
+    with pytest.raises(ValueError, match="at least 1 feature"):
+        TorchProduct((2, 2), "mixed", PhaseTimer(), "cpu", span=0)
     rng = np.random.default_rng(5)
     X = rng.integers(60, 120, (40, 4000)).astype(np.float32)
     Y = rng.integers(60, 120, (30, 4000)).astype(np.float32)

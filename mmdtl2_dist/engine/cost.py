@@ -35,8 +35,35 @@ For GPU workers calibrate all four on one run's phase times
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 from mmdtl2_dist.engine.plan import gram_tile_plan
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """One worker's rates (bytes or flops per second); ``transfer`` None: a CPU worker."""
+
+    flops: float
+    read: float
+    write: float
+    transfer: float | None
+
+    def tile_task(self, t, n_features: int, itemsize: int, parts: int):
+        """One part task of tile ``t``: its time, its product time and its I/O work."""
+        rows_a, rows_b = t.a1 - t.a0, t.b1 - t.b0
+        flops = (1.0 if t.diagonal else 2.0) * rows_a * rows_b * n_features / parts
+        read = (rows_a + (0 if t.diagonal else rows_b)) * n_features * itemsize / parts
+        c, r, w = flops / self.flops, read / self.read, 8.0 * rows_a * rows_b / self.write
+        if self.transfer is None:
+            return r + c + w, c, r + w
+        x = read / self.transfer
+        return max(r, x + c) + w, c, r + x + w
+
+    def combine(self, t, parts: int) -> float:
+        """The combine task of a tile split into ``parts``: reads them, writes the chunk."""
+        tile_bytes = 8.0 * (t.a1 - t.a0) * (t.b1 - t.b0)
+        return tile_bytes * parts / self.read + tile_bytes / self.write
 
 
 def predict_gram_seconds(
@@ -65,17 +92,15 @@ def predict_gram_seconds(
         Product rate of one worker.
     read_bytes_per_s : float
         Feature bytes one worker reads and decodes per second (while the others do too).
-    tile_rows : int
-        Rows per tile (``T``).
-    itemsize : int
-        Bytes per stored feature.
+    tile_rows, itemsize : int
+        Rows per tile (``T``); bytes per stored feature.
     task_overhead_s, startup_s : float
         Fixed cost of one task and of the job.
     parts : int
         Feature parts per tile (1: one task per tile).
     write_bytes_per_s : float, optional
         Gram bytes one worker writes, checks and checksums per second (default: the read
-        rate, what one CPU calibration measures).
+        rate, as one CPU calibration measures).
     transfer_bytes_per_s : float, optional
         Host-to-device copy rate of a GPU worker. Given, the tasks are GPU tiles: the
         device copies and multiplies one block while the host reads the next, so a task
@@ -84,32 +109,27 @@ def predict_gram_seconds(
     Returns
     -------
     dict
-        ``seconds`` (predicted wall time), ``compute_seconds`` and ``io_seconds`` (summed
-        over tasks), ``tiles``, ``tasks``, ``busy_workers`` and ``balance`` (total work /
-        (workers × makespan): 1 when the tasks divide evenly).
+        ``seconds`` (predicted wall time); ``compute_seconds`` and ``io_seconds``, the
+        products' and the reads', copies' and writes' work summed over tasks (on a GPU
+        reading overlaps the rest, so they add up to more than the tasks take);
+        ``tiles``, ``tasks``, ``busy_workers`` and ``balance`` (total work / (workers ×
+        makespan): 1 when the tasks divide evenly).
     """
-    rates = [flops_per_s, read_bytes_per_s, write_bytes_per_s or 1, transfer_bytes_per_s or 1]
-    if workers < 1 or parts < 1 or min(rates) <= 0:
+    given = [r for r in (write_bytes_per_s, transfer_bytes_per_s) if r is not None]
+    if workers < 1 or parts < 1 or not all(r > 0 for r in [flops_per_s, read_bytes_per_s, *given]):
         raise ValueError("need workers >= 1, parts >= 1 and positive rates.")
-    write_rate = write_bytes_per_s or read_bytes_per_s
+    rates = _Rates(
+        flops_per_s, read_bytes_per_s, write_bytes_per_s or read_bytes_per_s, transfer_bytes_per_s
+    )
     tiles = gram_tile_plan(n, min(tile_rows, n))
     compute = io = 0.0
     durations, combines = [], []
     for t in tiles:
-        rows_a, rows_b = t.a1 - t.a0, t.b1 - t.b0
-        flops = (1.0 if t.diagonal else 2.0) * rows_a * rows_b * n_features
-        read = (rows_a + (0 if t.diagonal else rows_b)) * n_features * itemsize / parts
-        c, r, w = (
-            flops / flops_per_s / parts,
-            read / read_bytes_per_s,
-            8.0 * rows_a * rows_b / write_rate,
-        )
-        x = 0.0 if transfer_bytes_per_s is None else read / transfer_bytes_per_s
-        task = (max(r, x + c) if transfer_bytes_per_s else r + c) + w
+        task, c, i = rates.tile_task(t, n_features, itemsize, parts)
         durations += [task + task_overhead_s] * parts
-        compute, io = compute + c * parts, io + (r + x + w) * parts
+        compute, io = compute + c * parts, io + i * parts
         if parts > 1:  # reads the parts, writes the chunk
-            combines.append(8.0 * rows_a * rows_b * parts / read_bytes_per_s + w)
+            combines.append(rates.combine(t, parts))
             io += combines[-1]
             combines[-1] += task_overhead_s
     durations += combines

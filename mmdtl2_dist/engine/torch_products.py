@@ -46,8 +46,9 @@ MAX_READ_THREADS = 8
 #: Features per float32 product of a mixed tile on a GPU. Over a whole block of 8,112
 #: features cuBLAS's float32 products left the worst entry of a 20,000-row Gram 1.03e-6
 #: off float64 on an H200 (OpenBLAS's: 1.3e-7; BENCHMARKS.md); the error of a float32
-#: product grows with the features it sums, and the extra float64 additions of narrower
-#: spans cost the device little beside a tile's reading and writing.
+#: product grows with the features it sums. Narrower spans add float64 additions of the
+#: tile and smaller products on the device, expected to be small beside a tile's reading
+#: and writing (not yet measured on a GPU).
 GPU_MIXED_SPAN = 2048
 
 _PINNED: dict[str, np.ndarray] = {}  # page-locked byte arrays (numpy views of torch's)
@@ -96,7 +97,9 @@ class TorchProduct:
                 self.torch.cuda.synchronize(self.device)
             self.G = self.torch.zeros(shape, dtype=self.torch.float64, device=device)
         self.mixed = precision == "mixed"
-        self.span = span or mixed_span(self.device)
+        self.span = mixed_span(self.device) if span is None else int(span)
+        if self.span < 1:
+            raise ValueError(f"span must be at least 1 feature, got {span}.")
         self.timer = timer
         self.symmetric = False
         self.read_pool = read_pool() if self.cuda else None
