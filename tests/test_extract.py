@@ -141,7 +141,6 @@ def _cli(*args) -> list[str]:
     return [sys.executable, "-m", "mmdtl2_dist.cli", "extract", *map(str, args)]
 
 
-@pytest.mark.ray
 def settled_shards(shards: Path, quiet_s: float = 10.0, limit_s: float = 120.0) -> dict:
     """The finished shard files once none has appeared for ``quiet_s`` seconds.
 
@@ -159,6 +158,7 @@ def settled_shards(shards: Path, quiet_s: float = 10.0, limit_s: float = 120.0) 
     return seen
 
 
+@pytest.mark.ray
 def test_resume_after_sigkill_of_a_real_extract(images, tmp_path):
     out = tmp_path / "k.zarr"
     cmd = _cli(images, out, "--model", "alexnet:conv3", "--weights", "random:0")
