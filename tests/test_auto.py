@@ -32,7 +32,7 @@ from mmdtl2_dist.core.auto import (
     rule_params,
     select_auto,
 )
-from mmdtl2_dist.core.auto_features import LowRankMap
+from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import SamplePool

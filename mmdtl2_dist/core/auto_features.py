@@ -2,8 +2,8 @@
 
 The estimator holds preprocessed features, not Grams: :func:`select_auto_features` builds
 the rule's pool from them and returns the pick's shared-PCA prior in feature form, as the
-factors of :class:`LowRankMap` (a 64,896-d ``P Pᵀ`` would be 34 GB), so that the
-feature-form fit equals the Gram-form one.
+factors of :class:`~mmdtl2_dist.core.low_rank.LowRankMap` (a 64,896-d ``P Pᵀ`` would be
+34 GB), so that the feature-form fit equals the Gram-form one.
 """
 
 from __future__ import annotations
@@ -13,44 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from mmdtl2_dist.core.auto import select_auto
+from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.priors import SamplePool
-
-
-class LowRankMap:
-    """A linear map ``B Cᵀ`` kept as its factors ``B`` (Ls, r) and ``C`` (Lt, r).
-
-    The shared-PCA prior ``W0 = P Pᵀ`` of a 64,896-d feature space would be a 34 GB
-    matrix; as factors it costs ``L·d``. Supports what the estimator's prior needs:
-    ``map @ M``, ``X @ map`` (numpy defers to :meth:`__rmatmul__`), ``.T``, scaling by a
-    number and :meth:`dense` (only for small dimensions).
-    """
-
-    __array_ufunc__ = None  # make ``ndarray @ LowRankMap`` call __rmatmul__
-
-    def __init__(self, B: np.ndarray, C: np.ndarray):
-        self.B, self.C = B, C
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.B.shape[0], self.C.shape[0]
-
-    @property
-    def T(self) -> LowRankMap:
-        return LowRankMap(self.C, self.B)
-
-    def __matmul__(self, M: np.ndarray) -> np.ndarray:
-        return self.B @ (self.C.T @ M)
-
-    def __rmatmul__(self, X: np.ndarray) -> np.ndarray:
-        return (X @ self.B) @ self.C.T
-
-    def __mul__(self, mu: float) -> LowRankMap:
-        return LowRankMap(float(mu) * self.B, self.C)
-
-    __rmul__ = __mul__
-
-    def dense(self) -> np.ndarray:
-        return self.B @ self.C.T
 
 
 def feature_pool(Xs: np.ndarray, Xt: np.ndarray, Xu: np.ndarray | None) -> SamplePool:
@@ -70,8 +34,8 @@ def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None)
     Returns ``(choice, W0, added)``: ``added`` are the rows of ``Xu`` self-training
     labelled (``choice.pseudo_labels``, in order); ``W0`` is ``None`` for the
     identity-prior pick (S) and the target SVM (O), and the shared-PCA projection ``P Pᵀ``
-    as a :class:`LowRankMap` otherwise, with the basis ``P = Yᵀ A`` (``Y`` the pool's
-    features, ``A`` the Gram-form coefficients of
+    as a :class:`~mmdtl2_dist.core.low_rank.LowRankMap` otherwise, with the basis
+    ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
     :func:`~mmdtl2_dist.core.gram_pca.pca_basis`), so that the feature-form fit equals the
     Gram-form one.
     """

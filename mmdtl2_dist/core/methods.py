@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdtl2_dist.core.kernels import KernelSpec
+from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.mmdtl2 import (
     MMDTL2Params,
     fit_mmdtl2_gram,
@@ -173,10 +174,8 @@ class GramProblem:
 def _map_and_bias(W0, Ls: int, Lt: int):
     """``(M, w0)`` of a prior map ``W0 = [M | w0]`` of shape (Ls, Lt) or (Ls, Lt + 1).
 
-    A :class:`~mmdtl2_dist.core.auto_features.LowRankMap` (shape (Ls, Lt), no bias) stays factored.
+    A :class:`~mmdtl2_dist.core.low_rank.LowRankMap` (shape (Ls, Lt), no bias) stays factored.
     """
-    from mmdtl2_dist.core.auto_features import LowRankMap
-
     if isinstance(W0, LowRankMap) and W0.shape == (Ls, Lt):
         return W0, 0.0
     W0 = np.asarray(W0, dtype=np.float64)

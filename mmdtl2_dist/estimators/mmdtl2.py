@@ -9,7 +9,7 @@ from sklearn.base import TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from mmdtl2_dist.core.adapter import AdapterState, check_features
-from mmdtl2_dist.core.auto_features import LowRankMap
+from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import GramProblem, default_params, fit_mmdtl2_blocks
 from mmdtl2_dist.core.params import DEFAULTS
 from mmdtl2_dist.core.threads import one_thread
@@ -308,7 +308,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         """The prior as ``(A, w)`` with ``W0 x̂ = A x + w``, or None for the zero prior.
 
         ``A`` is the scalar ``μ`` for the identity prior and the factors of ``μ P Pᵀ``
-        (:class:`~mmdtl2_dist.core.auto_features.LowRankMap`) for ``select="auto"``'s shared-PCA
+        (:class:`~mmdtl2_dist.core.low_rank.LowRankMap`) for ``select="auto"``'s shared-PCA
         prior, so that no ``Ls × Ls`` matrix is formed (34 GB at 64,896-d), and the
         (Ls, Lt) matrix ``μ M`` of a user map ``[M | w]`` (``w`` scaled by ``μ`` too).
         It maps new target samples in :meth:`transform` and gives the adapter's share of
