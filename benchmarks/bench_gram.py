@@ -287,7 +287,7 @@ def throughput(args) -> dict:
         ref = X64 @ X64.T
         ray.init(
             address="local",
-            num_cpus=2,
+            num_cpus=BENCH_CPUS,
             num_gpus=args.gpus or None,
             include_dashboard=False,
             log_to_driver=False,
@@ -309,7 +309,7 @@ def throughput(args) -> dict:
         "load": with_speed_drift(load.summary(), before, after),
         "numpy_f32_seconds": min(before[0], after[0]),
         "numpy_f64_seconds": min(before[1], after[1]),
-        "numpy_threads": _blas_threads(),
+        "numpy_threads": BENCH_CPUS,
         "engine": runs,
         "calibration": cal,
     }
@@ -319,9 +319,20 @@ def throughput(args) -> dict:
     return result
 
 
+#: Cores of the throughput benchmark's Ray workers, and BLAS threads of numpy's baseline.
+BENCH_CPUS = 2
+
+
 def _numpy_seconds(X: np.ndarray, X64: np.ndarray, repeat: int) -> tuple[float, float]:
-    """Best-of-``repeat`` seconds of numpy's ``X @ X.T`` in float32 and in float64."""
-    return _timed(lambda: X @ X.T, repeat), _timed(lambda: X64 @ X64.T, repeat)
+    """Best-of-``repeat`` seconds of numpy's ``X @ X.T`` in float32 and in float64.
+
+    On :data:`BENCH_CPUS` BLAS threads, the engine's cores, whatever ``OMP_NUM_THREADS``
+    says (set to 1, it would halve numpy's side of the ratio).
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(BENCH_CPUS, user_api="blas"):
+        return _timed(lambda: X @ X.T, repeat), _timed(lambda: X64 @ X64.T, repeat)
 
 
 #: Largest change of numpy's own times between the start and the end of a run that
@@ -356,12 +367,6 @@ def _span_of(gram_path: Path) -> int:
     from mmdtl2_dist.engine import GramStore
 
     return max(c1 - c0 for c0, c1 in GramStore.open(gram_path).job["col_blocks"])
-
-
-def _blas_threads() -> int:
-    from threadpoolctl import threadpool_info
-
-    return max((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=1)
 
 
 def _ratios(result: dict, flops: float) -> None:
