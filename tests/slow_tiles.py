@@ -24,8 +24,9 @@ from pathlib import Path
 from mmdtl2_dist.engine import tasks
 
 
-def announcing_tile_task(probe_dir: str | os.PathLike, delay: float):
-    """A ``gram_tile_task`` that records ``<tile key>.<pid>`` and waits ``delay`` s first."""
+def announcing_tile_task(probe_dir: str | os.PathLike, delay: float, parts=None):
+    """A ``gram_tile_task`` that records ``<tile key>.<pid>`` and waits ``delay`` s first
+    (only in the feature parts ``parts`` of split tiles, if given)."""
     probe_dir = str(probe_dir)
 
     def gram_tile_task(job, tile, stats, norms, part=None, earlier=None):
@@ -33,17 +34,18 @@ def announcing_tile_task(probe_dir: str | os.PathLike, delay: float):
 
         task = tile.key if part is None else f"{tile.key}-p{part}"
         Path(probe_dir, f"{task}.{os.getpid()}").touch()
-        time.sleep(delay)
+        if parts is None or part in parts:
+            time.sleep(delay)
         return worker_tasks.gram_tile_task(job, tile, stats, norms, part, earlier)
 
     return gram_tile_task
 
 
 @contextmanager
-def slow_gram_tiles(probe_dir: str | os.PathLike, delay: float) -> Iterator[None]:
+def slow_gram_tiles(probe_dir: str | os.PathLike, delay: float, parts=None) -> Iterator[None]:
     """Gram jobs started inside the block run :func:`announcing_tile_task` tiles."""
     real = tasks.gram_tile_task
-    tasks.gram_tile_task = announcing_tile_task(probe_dir, delay)
+    tasks.gram_tile_task = announcing_tile_task(probe_dir, delay, parts)
     try:
         yield
     finally:
