@@ -24,9 +24,8 @@ from pathlib import Path
 from mmdtl2_dist.engine import tasks
 
 
-def announcing_tile_task(probe_dir: str | os.PathLike, delay: float, parts=None):
-    """A ``gram_tile_task`` that records ``<tile key>.<pid>`` and waits ``delay`` s first
-    (only in the feature parts ``parts`` of split tiles, if given)."""
+def announcing_tile_task(probe_dir: str | os.PathLike, delay: float):
+    """A ``gram_tile_task`` that records ``<tile key>.<pid>`` and waits ``delay`` s first."""
     probe_dir = str(probe_dir)
 
     def gram_tile_task(job, tile, stats, norms, part=None, earlier=None):
@@ -34,18 +33,17 @@ def announcing_tile_task(probe_dir: str | os.PathLike, delay: float, parts=None)
 
         task = tile.key if part is None else f"{tile.key}-p{part}"
         Path(probe_dir, f"{task}.{os.getpid()}").touch()
-        if parts is None or part in parts:
-            time.sleep(delay)
+        time.sleep(delay)
         return worker_tasks.gram_tile_task(job, tile, stats, norms, part, earlier)
 
     return gram_tile_task
 
 
 @contextmanager
-def slow_gram_tiles(probe_dir: str | os.PathLike, delay: float, parts=None) -> Iterator[None]:
+def slow_gram_tiles(probe_dir: str | os.PathLike, delay: float) -> Iterator[None]:
     """Gram jobs started inside the block run :func:`announcing_tile_task` tiles."""
     real = tasks.gram_tile_task
-    tasks.gram_tile_task = announcing_tile_task(probe_dir, delay, parts)
+    tasks.gram_tile_task = announcing_tile_task(probe_dir, delay)
     try:
         yield
     finally:

@@ -113,17 +113,6 @@ def test_cost_model_counts_parts_and_their_sum():
     # On one worker the parts run one after the other: nothing to wait for.
     one = predict_gram_seconds(2000, 64_896, 1, r, s, parts=2, **kw)
     assert one["seconds"] == pytest.approx(2 * half + 3 * tile)
-    # Three tiles of 1,000 rows in 3 parts on 2 workers, dealt in plan order (the
-    # off-diagonal tile first): each last part waits for its own tile's parts only.
-    three = predict_gram_seconds(2000, 64_896, 2, r, s, tile_rows=1000, parts=3, task_overhead_s=0)
-    a = 2 * 1000**2 * 64_896 / 3 / r + 2 * 1000 * 64_896 * 4 / 3 / s  # an off-diagonal part
-    b, t = a / 2, 8 * 1000**2 / s  # a diagonal part (half of it); a tile's write
-    # By hand: the off-diagonal parts end at a+t on both workers, its last part at
-    # 2a+4t (a of its own, then 3t: two parts read, the chunk written); the diagonal
-    # tile 0_0 runs on the other worker (ends a+b+2t, 2a+3t, then 2a+b+6t); tile 1_1's
-    # parts end at 2a+b+5t and 2a+2b+6t, and its last part, started at 2a+b+6t,
-    # sums at 2a+2b+6t and ends 3t later.
-    assert three["tasks"] == 9 and three["seconds"] == pytest.approx(2 * a + 2 * b + 9 * t)
 
 
 # ------------------------------------------------------- results (in this process) ---
@@ -139,7 +128,7 @@ def test_split_gram_equals_the_unsplit_one_and_numpy(tmp_path):
     _close(split.to_numpy(), ref)
     assert not list((split.path / "tiles" / "parts").iterdir())  # the last part tidied up
     (marker,) = split.finished_tiles().values()
-    assert len(marker["parts"]) == 3  # the attempts of the stored parts it summed
+    assert len(marker["parts"]) == 4  # the attempts it summed
     # Diagonal and off-diagonal tiles, exact and mixed: the same plan gives the same bits.
     tiled = dict(feature_parts=3, tile_rows=16, **kw)
     a = compute_gram(tmp_path / "st", "s", tmp_path / "t1", **tiled).to_numpy()
@@ -267,10 +256,10 @@ def test_a_part_damaged_before_the_sum_is_named_and_removed(tmp_path):
     kw = dict(address=IN_PROCESS, progress=False, feature_parts=3)
     real = tasks.sum_parts
 
-    def damage_then_sum(job, tile, *rest):
+    def damage_then_sum(job, tile, last, earlier, *rest):
         data, _ = tasks.part_paths(job["tiles_dir"], tile, 1)
         np.save(data, np.load(data) * 2)  # a valid file of other values
-        return real(job, tile, *rest)
+        return real(job, tile, last, earlier, *rest)
 
     tasks.sum_parts = damage_then_sum
     try:
@@ -283,66 +272,6 @@ def test_a_part_damaged_before_the_sum_is_named_and_removed(tmp_path):
     gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", **kw)
     assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (1, 2)
     _close(gs.to_numpy(), Z @ Z.T)
-
-
-@pytest.fixture
-def last_part_times_out(monkeypatch):
-    """The last part finds the other parts unfinished (as after its wait on Ray)."""
-    from mmdtl2_dist.engine import tasks
-
-    monkeypatch.setattr(tasks, "_ready_markers", lambda markers, timeout: None)
-    return tasks
-
-
-def test_a_last_part_that_finds_the_others_unfinished_stores_and_a_sum_task_sums(
-    tmp_path, last_part_times_out, monkeypatch
-):
-    tasks = last_part_times_out
-    Z = _wide_store(tmp_path / "st")
-    kw = dict(address=IN_PROCESS, progress=False, feature_parts=3)
-    gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", **kw)
-    (marker,) = gs.finished_tiles().values()
-    assert len(marker["parts"]) == 2 and gs.last_run["parts_computed"] == 3
-    assert gs.last_run["timing"]["tiles"] == 4  # three parts and the sum task
-    _close(gs.to_numpy(), Z @ Z.T)
-    monkeypatch.undo()
-    at_once = compute_gram(tmp_path / "st", "s", tmp_path / "i", **kw)
-    assert np.array_equal(gs.to_numpy(), at_once.to_numpy())  # the same sum, the same bits
-    assert not list((tmp_path / "g" / "tiles" / "parts").iterdir())
-    # A job stopped before that sum keeps all its parts: the next run only sums them.
-    monkeypatch.setattr(tasks, "_ready_markers", lambda markers, timeout: None)
-    monkeypatch.setattr(tasks, "gram_sum_task", _interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        compute_gram(tmp_path / "st", "s", tmp_path / "j", **kw)
-    monkeypatch.undo()
-    stored = sorted(p.name for p in (tmp_path / "j" / "tiles" / "parts").glob("*.json"))
-    assert stored == ["0_0.0.json", "0_0.1.json", "0_0.2.json"]
-    again = compute_gram(tmp_path / "st", "s", tmp_path / "j", **kw)
-    assert (again.last_run["parts_resumed"], again.last_run["parts_computed"]) == (3, 0)
-    assert np.array_equal(again.to_numpy(), at_once.to_numpy())
-
-
-def _interrupt(*args):
-    raise KeyboardInterrupt
-
-
-def test_a_retried_last_part_after_its_tile_was_written_only_tidies_up(tmp_path):
-    from mmdtl2_dist.engine import tasks
-    from mmdtl2_dist.engine.plan import Tile
-
-    _wide_store(tmp_path / "st")
-    gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", address=IN_PROCESS, feature_parts=2)
-    tiles = tmp_path / "g" / "tiles"
-    (marker,) = gs.finished_tiles().values()
-    job = {"tiles_dir": str(tiles), "parts": 2}
-    tile = Tile(0, 0, 0, 48, 0, 48)
-    stale, _ = tasks.part_paths(tiles, tile, 0)
-    stale.parent.mkdir(exist_ok=True)
-    stale.write_bytes(b"left by a worker killed after the tile's marker")
-    # Nothing is read or computed: the job has no arrays to read.
-    assert tasks.gram_tile_task(job, tile, None, None, 1, [{}]) == marker
-    assert not stale.exists()
-    assert tasks.gram_sum_task(job, tile, {}, {}) == marker
 
 
 # ------------------------------------------------------------------------ on Ray ------
@@ -358,34 +287,6 @@ def test_ray_job_splits_one_tile_between_two_workers(ray_local, tmp_path):
         tmp_path / "st", "s", tmp_path / "h", address=IN_PROCESS, feature_parts=2, progress=False
     )
     assert np.array_equal(gs.to_numpy(), here.to_numpy())  # same plan, same bits
-    _close(gs.to_numpy(), Z @ Z.T)
-
-
-@pytest.mark.ray
-def test_ray_last_part_stops_waiting_for_a_slow_part_and_a_sum_task_sums(ray_local, tmp_path):
-    """The last part waits at most JOIN_MIN_SECONDS (or its own time) for the others, then
-    stores its own part: a part queued behind a busy cluster, or retried, never waits
-    for a worker that the last part holds (Ray keeps a waiting task's GPU)."""
-    from slow_tiles import slow_gram_tiles
-
-    from mmdtl2_dist.engine.tasks import JOIN_MIN_SECONDS
-
-    Z = _wide_store(tmp_path / "st", sizes=(12, 6))
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    with slow_gram_tiles(probe, JOIN_MIN_SECONDS + 3, parts={0}):
-        gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", progress=False)
-    assert gs.job["parts"] == 2 and gs.last_run["parts_computed"] == 2
-    timing = gs.last_run["timing"]
-    assert timing["tiles"] == 3  # two parts, and the sum task after the slow one
-    assert timing["join_seconds"] >= JOIN_MIN_SECONDS - 0.5
-    (marker,) = gs.finished_tiles().values()
-    assert len(marker["parts"]) == 1
-    here = compute_gram(
-        tmp_path / "st", "s", tmp_path / "h", address=IN_PROCESS, feature_parts=2, progress=False
-    )
-    assert np.array_equal(gs.to_numpy(), here.to_numpy())  # summed in the same order
-    assert not list((tmp_path / "g" / "tiles" / "parts").iterdir())
     _close(gs.to_numpy(), Z @ Z.T)
 
 
@@ -440,7 +341,7 @@ def test_killed_driver_resumes_only_the_missing_parts(tmp_path):
     assert proc.poll() is None, proc.communicate()
     kill_session(proc)
     before = {p.name: json.loads(p.read_text()) for p in parts_dir.glob("*.json")}
-    assert len(before) >= 2 and not (out / "tiles" / "0_0.json").exists()
+    assert 2 <= len(before) < 6 and not (out / "tiles" / "0_0.json").exists()
 
     done = subprocess.run(
         [sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=300

@@ -393,13 +393,6 @@ def test_timing_summary_splits_tiles_by_worker():
     assert summary["max_wait_seconds"] == pytest.approx(2.0)
     assert summary["phases"]["other"] == pytest.approx(6.0 / (len(PHASES) + 1))
     assert "worker h:2 (numpy, 1 BLAS threads): 1 tiles" in format_timing(summary)
-    # A last part's wait for its tile's other parts is idle time, not busy time.
-    waited = {**record(2, 2.0, 0.0), "total": 2.5, "join": 0.5}
-    joined = summarize_timing([record(1, 1.0, 0.5), waited], wall_seconds=4.0)
-    assert joined["busy_seconds"] == pytest.approx(3.0) and joined["join_seconds"] == 0.5
-    assert joined["workers"]["h:2"]["busy_seconds"] == pytest.approx(2.0)
-    assert joined["phases"]["other"] == pytest.approx(3.0 / (len(PHASES) + 1))
-    assert "last parts waiting for the others 0.50 s" in format_timing(joined)
 
 
 # -------------------------------------------------------------------- cost model -----

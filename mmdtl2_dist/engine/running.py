@@ -2,13 +2,14 @@
 
 A job whose plan has one part per tile runs one task per unfinished tile. A job whose
 tiles are split into ``parts`` (:mod:`mmdtl2_dist.engine.plan`) runs, per unfinished
-tile, the parts that earlier runs did not finish (:func:`finished_parts` keeps those
-whose file matches its marker). The last part is submitted after the others and handed
-their markers or task references: it sums the tile
-(:func:`~mmdtl2_dist.engine.tasks.sum_parts`), or, if they are not done in time, stores
-its own part, and a sum task (:func:`~mmdtl2_dist.engine.tasks.gram_sum_task`, which
-Ray starts once the parts are done) sums the stored parts; so does a tile whose every
-part an earlier run stored.
+tile, the parts ``0 … P-2`` that earlier runs did not finish (:func:`finished_parts`
+keeps those whose file matches its marker), then the last part, which is handed the
+others' markers or task references and sums the tile
+(:func:`~mmdtl2_dist.engine.tasks.sum_parts`).
+
+The last part waits inside its task for the parts submitted before it. Ray lends a
+waiting task's CPU to other tasks but not its GPU, so a split job keeps at most one task
+per worker in flight: every part it waits for has been handed a worker already.
 """
 
 from __future__ import annotations
@@ -72,15 +73,10 @@ class JobRunner:
 
 
 def task_options(job: dict, itemsize: int, run) -> dict:
-    """Ray options of the job's tile and part tasks: one CPU (or GPU), memory, retries.
-
-    A split tile's last part holds one more tile, a stored part it adds to its own.
-    """
+    """Ray options of the job's tile and part tasks: one CPU (or GPU), memory, retries."""
     span = max(c1 - c0 for c0, c1 in job["col_blocks"])
     prep = job["preprocessing"] != "none"
     mem = task_memory_bytes(job["tile_rows"], span, itemsize, run.on_gpu, prep)
-    if job.get("parts", 1) > 1:  # the last part adds each stored part into its own tile
-        mem += 8 * job["tile_rows"] ** 2
     opts = {"num_cpus": 1, "max_retries": run.max_retries, "memory": int(mem)}
     if run.on_gpu:
         opts["num_gpus"] = 1
@@ -91,10 +87,10 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
     """The parts earlier runs finished, checked; what was damaged (their files removed).
 
     A part counts as done when its marker reads and its file has the CRC32C the marker
-    records (the last part of a tile stores one only when it could not sum the tile); a
-    file without a marker (its task was stopped before the marker) and a part whose
-    file is missing or other is removed and recomputed, the latter named on stderr.
-    The leftover parts of finished tiles are removed.
+    records (the last part of a tile has no file of its own); a file without a marker
+    (its task was stopped before the marker) and a part whose file is missing or other
+    is removed and recomputed, the latter named on stderr. The leftover parts of
+    finished tiles are removed.
 
     Returns
     -------
@@ -103,10 +99,11 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
     """
     tiles_dir = out / TILES_DIR
     kept, damaged = {}, []
+    last = job["parts"] - 1  # never stored: it sums the tile
     for tile in tiles:
         for k in range(job["parts"]):
             _, marker_path = tasks.part_paths(tiles_dir, tile, k)
-            if tile.key in done or not marker_path.exists():
+            if tile.key in done or k == last or not marker_path.exists():
                 tasks.remove_parts(tiles_dir, tile, job["parts"], only=k)
                 continue
             try:
@@ -128,17 +125,19 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
     return kept, damaged
 
 
-def run_job(ray, fs, job: dict, out: Path, tiles, run) -> dict:
+def run_job(ray, fs, job: dict, out: Path, tiles, run, workers: int) -> dict:
     """Run the statistics pass if needed and every unfinished tile (or part).
+
+    ``workers`` is :meth:`JobRunner.workers`: a split job keeps that many tasks in flight.
 
     Returns ``computed`` (tiles), ``parts_computed``, ``parts_resumed``, ``repaired``
     (damaged parts found) and ``timing`` (:func:`~mmdtl2_dist.engine.timing.summarize_timing`).
     """
     itemsize = fs.array(job["devices"][0], job["space"]).dtype.itemsize
     opts = task_options(job, itemsize, run)
-    cpu = {k: v for k, v in opts.items() if k != "num_gpus"}
     if not job["stats_done"]:
-        stats_pass(ray, fs, job, out, cpu, run.progress, run.max_in_flight)
+        cpu_opts = {k: v for k, v in opts.items() if k != "num_gpus"}
+        stats_pass(ray, fs, job, out, cpu_opts, run.progress, run.max_in_flight)
     stats, norms = load_stats(out, job)
     done = set(GramStore.open(out).finished_tiles())
     todo = [t for t in tiles if t.key not in done]
@@ -157,12 +156,11 @@ def run_job(ray, fs, job: dict, out: Path, tiles, run) -> dict:
     }
     stats_ref, norms_ref = ray.put(stats), ray.put(norms)
     tile_fn = ray.remote(tasks.gram_tile_task).options(**opts)
-    sum_fn = ray.remote(tasks.gram_sum_task).options(**cpu)
     submitted: dict[str, float] = {}
 
-    def submit(keys, call):
+    def submit(key, call):
         def go():
-            submitted.update(dict.fromkeys(keys, time.time()))
+            submitted[key] = time.time()
             return call()
 
         return go
@@ -170,83 +168,54 @@ def run_job(ray, fs, job: dict, out: Path, tiles, run) -> dict:
     def tile_task(t, k=None, earlier=None):
         return tile_fn.remote(task_job, t, stats_ref, norms_ref, k, earlier)
 
-    def sum_task(t, markers):
-        return sum_fn.remote(task_job, t, *markers)
-
-    calls = _TaskCalls(parts, kept, tile_task, sum_task, submit)
-    submits = calls.tiles(todo)
+    submits = _submissions(todo, parts, kept, tile_task, submit)
     total = plan_summary(job["n_rows"], job["n_features"], tiles, job["col_blocks"], parts)
     on_done = _progress_line(job, total, total["tasks"] - len(submits), run.progress)
     t0 = time.monotonic()
-    markers = run_tasks(ray, submits, on_done, run.max_in_flight)
-    late = calls.late_sums(todo, markers)
-    markers += run_tasks(ray, late, lambda _: on_done(None), run.max_in_flight) if late else []
+    in_flight = run.max_in_flight if parts == 1 else workers
+    markers = run_tasks(ray, submits, on_done, in_flight)
     records = [{**m["timing"], "submitted": submitted[_task_key(m)]} for m in markers if m]
     return {
         "computed": len(todo),
-        "parts_computed": calls.parts_submitted,
+        "parts_computed": len(submits) if parts > 1 else 0,
         "parts_resumed": len(kept),
         "repaired": damaged,
         "timing": summarize_timing(records, time.monotonic() - t0),
     }
 
 
-class _TaskCalls:
-    """The submit calls of a job's unfinished tiles: a tile, or its missing parts.
+def _submissions(todo, parts: int, kept: dict, tile_task, submit) -> list:
+    """The submit calls of the unfinished tiles: a tile, or its missing parts.
 
-    A split tile's last part is listed after the others, so their refs exist when it
-    is submitted; they go to it in a list (Ray hands them over unresolved, and the task
-    waits for them itself), finished parts as their markers. A tile whose last part an
-    earlier run stored gets a sum task instead, the parts' refs as its arguments.
+    The last part is listed after the others, so their refs exist when it is
+    submitted; they go to it in a list (Ray hands them over unresolved, and the task
+    waits for them itself), finished parts as their markers.
     """
+    submits, refs = [], {}
 
-    def __init__(self, parts: int, kept: dict, tile_task, sum_task, submit):
-        self.parts, self.kept, self.refs = parts, dict(kept), {}
-        self.tile_task, self.sum_task, self.submit = tile_task, sum_task, submit
-        self.parts_submitted = 0
-
-    def tiles(self, todo) -> list:
-        submits, last = [], self.parts - 1
-        for t in todo:
-            if self.parts == 1:
-                submits.append(self.submit([t.key], lambda t=t: self.tile_task(t)))
-                continue
-            for k in range(last):
-                if (t.key, k) not in self.kept:
-                    submits.append(self.submit([f"{t.key}.{k}"], self._part(t, k)))
-            if (t.key, last) in self.kept:
-                submits.append(self.submit([t.key], self._sum(t)))
-            else:  # its marker is the tile's, or its own part's
-                submits.append(self.submit([t.key, f"{t.key}.{last}"], self._part(t, last)))
-        self.parts_submitted = len(self.parts_wanted(todo)) if self.parts > 1 else 0
-        return submits
-
-    def parts_wanted(self, todo) -> list:
-        """The parts this run computes."""
-        return [(t.key, k) for t in todo for k in range(self.parts) if (t.key, k) not in self.kept]
-
-    def late_sums(self, todo, markers: list) -> list:
-        """Sum tasks of the tiles whose last part stored its part instead of summing."""
-        stored = {(m["tile"], m["part"]): m for m in markers if m and "part" in m}
-        self.kept.update(stored)
-        late = [t for t in todo if (t.key, self.parts - 1) in stored]
-        return [self.submit([t.key], self._sum(t)) for t in late]
-
-    def _markers(self, t, parts: int | None = None) -> list:
-        """The tile's first ``parts`` parts (default all): markers or task refs."""
-        count = self.parts if parts is None else parts
-        return [self.kept.get((t.key, k)) or self.refs[(t.key, k)] for k in range(count)]
-
-    def _part(self, t, k):
+    def part_call(t, k):
         def call():
-            earlier = self._markers(t, k) if k == self.parts - 1 else None
-            self.refs[(t.key, k)] = self.tile_task(t, k, earlier)
-            return self.refs[(t.key, k)]
+            refs[(t.key, k)] = tile_task(t, k)
+            return refs[(t.key, k)]
 
         return call
 
-    def _sum(self, t):
-        return lambda: self.sum_task(t, self._markers(t))
+    def last_part_call(t):
+        def call():
+            earlier = [kept.get((t.key, k)) or refs[(t.key, k)] for k in range(parts - 1)]
+            return tile_task(t, parts - 1, earlier)
+
+        return call
+
+    for t in todo:
+        if parts == 1:
+            submits.append(submit(t.key, lambda t=t: tile_task(t)))
+            continue
+        for k in range(parts - 1):
+            if (t.key, k) not in kept:
+                submits.append(submit(f"{t.key}.{k}", part_call(t, k)))
+        submits.append(submit(t.key, last_part_call(t)))
+    return submits
 
 
 def _task_key(marker: dict) -> str:

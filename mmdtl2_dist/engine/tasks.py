@@ -2,23 +2,19 @@
 
 They take absolute paths and ranges (never arrays of features), read the Zarr feature
 arrays themselves, and write only Zarr chunks they own (one Gram chunk per tile), then a
-completion marker, atomically. They import neither the driver nor Ray, but for the
-last part of a split tile waiting for the others.
+completion marker, atomically. They import neither the driver nor Ray.
 
 A tile split into ``P`` feature parts (:mod:`mmdtl2_dist.engine.plan`) runs one
 :func:`gram_tile_task` per part. Parts ``0 … P-2`` write their partial tile to
 ``tiles/parts/<i>_<j>.<k>.npy`` (to a temporary name, then renamed) and then its marker
 ``<i>_<j>.<k>.json`` holding the file's CRC32C. The last part keeps its partial tile in
-memory and waits for the others (at most :data:`JOIN_MIN_SECONDS` or as long as its own
-work took, whichever is longer); if they are done it checks each of their files
-against its marker, adds them to its own in part order, writes the tile's chunk and
-marker as an unsplit tile does, and removes the part files (:func:`sum_parts`). So the
-sum is on no worker's critical path as a task of its own, and no partial tile is
-written and read back for it (BENCHMARKS.md, "The last part of a split tile sums
-it"). If the others are not done in time (a retried part queued behind a busy
-cluster), the last part stores its own part like the others and the driver runs
-:func:`gram_sum_task` once all are: a waiting task keeps its GPU on Ray, and a bounded
-wait is what keeps such a wait from blocking the part it waits for.
+memory, waits for the others' markers, checks each of their files against its marker,
+sums them in part order with its own, writes the tile's chunk and marker as an unsplit
+tile does, and removes the part files (:func:`sum_parts`). The sum is thus on no
+worker's critical path as a task of its own: no part file of the last part is written
+and read back, and no task waits for a free worker after the parts (BENCHMARKS.md,
+"The last part sums the tile"). These functions import Ray only to wait for the
+earlier parts' results inside the last part.
 """
 
 from __future__ import annotations
@@ -40,8 +36,6 @@ from mmdtl2_dist.store.atomic import atomic_file, write_json_atomic
 from mmdtl2_dist.store.blocks import write_array_chunk
 from mmdtl2_dist.store.feature_store import array_dtype, read_array_block
 
-#: Least seconds the last part of a split tile waits for the tile's other parts.
-JOIN_MIN_SECONDS = 5.0
 L2_METHODS = ("l2", "l2_zscore")
 #: Folder of the partial tiles of split tiles, in the Gram store's ``tiles`` folder.
 PARTS_DIR = "parts"
@@ -156,9 +150,10 @@ def gram_tile_task(
         The marker's content; ``timing`` holds the task's phase times
         (:mod:`mmdtl2_dist.engine.timing`).
     """
-    if earlier is not None and (done := _finished_marker(job, tile)) is not None:
-        remove_parts(job["tiles_dir"], tile, job["parts"])  # a retry after the tile's marker
-        return done
+    done = Path(job["tiles_dir"]) / f"{tile.key}.json"
+    if earlier is not None and done.exists():  # a retry after the tile was written
+        remove_parts(job["tiles_dir"], tile, job["parts"])
+        return json.loads(done.read_text())
     timer = PhaseTimer()
     blocks = job["col_blocks"]
     if part is not None:
@@ -180,19 +175,8 @@ def gram_tile_task(
     if part is None:
         return _store_tile(job, tile, G, timer, product.device)
     if earlier is not None:
-        with timer.phase("join"):
-            markers = _ready_markers(earlier, max(JOIN_MIN_SECONDS, timer.elapsed()))
-        if markers is not None:
-            return sum_parts(job, tile, markers, G, timer, product.device)
+        return sum_parts(job, tile, G, earlier, timer, product.device)
     return _store_part(job, tile, part, G, timer, product.device)
-
-
-def _finished_marker(job: dict, tile: Tile) -> dict | None:
-    """The tile's marker if a task finished it (an unreadable one: None, recomputed)."""
-    try:
-        return json.loads((Path(job["tiles_dir"]) / f"{tile.key}.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _store_tile(job: dict, tile: Tile, G: np.ndarray, timer: PhaseTimer, device, **extra) -> dict:
@@ -266,67 +250,49 @@ def load_part(tiles_dir: str | os.PathLike, tile: Tile, part: int, marker: dict)
     return G
 
 
-def sum_parts(job: dict, tile: Tile, markers: list[dict], last, timer: PhaseTimer, device) -> dict:
-    """Add the stored parts ``0 … P-2`` to the last part ``last``, in part order; store the tile.
+def sum_parts(job: dict, tile: Tile, last, earlier: list, timer: PhaseTimer, device) -> dict:
+    """Sum the earlier parts' files and the last part ``last`` in part order; store the tile.
 
-    ``markers`` are those parts' markers. Each file is checked against its marker; a
-    damaged one is removed with its marker and named in the error, so the next run
-    recomputes it and no damaged part is ever summed. The sum runs into ``last`` in a
-    fixed order (so the tile has the same bits on any worker, and two tiles' worth of
-    memory suffice); the part files go once the tile's marker is written.
+    ``earlier`` are the markers of parts ``0 … P-2`` (dicts, or Ray references waited
+    for here: the ``join`` phase). Each file is checked against its marker; a damaged
+    one is removed with its marker and named in the error, so the next run recomputes
+    it and no damaged part is ever summed. The part files go once the tile's marker is
+    written. The sum runs in part order, so the tile has the same bits on any worker.
     """
+    with timer.phase("join"):
+        markers = _resolved(earlier)
+    G = None
     for k, marker in enumerate(markers):
         with timer.phase("read"):
-            P = _checked_part(job, tile, k, marker)
+            try:
+                P = load_part(job["tiles_dir"], tile, k, marker)
+            except DamagedPartError as exc:
+                remove_parts(job["tiles_dir"], tile, k + 1, only=k)
+                raise DamagedPartError(
+                    f"Gram tile {tile.key}: {exc}; removed it: run the Gram again to "
+                    "recompute that part."
+                ) from None
         with timer.phase("product"):
-            np.add(last, P, out=last)
-        del P
-    parts = [m["attempt"] for m in markers]
-    marker = _store_tile(job, tile, last, timer, device, parts=parts)
-    remove_parts(job["tiles_dir"], tile, job["parts"])
+            G = P if G is None else np.add(G, P, out=G)
+    with timer.phase("product"):
+        G = last if G is None else np.add(G, np.asarray(last), out=G)
+    parts = [m["attempt"] for m in markers] + [uuid.uuid4().hex]
+    marker = _store_tile(job, tile, G, timer, device, parts=parts)
+    remove_parts(job["tiles_dir"], tile, len(markers) + 1)
     return marker
 
 
-def gram_sum_task(job: dict, tile: Tile, *markers: dict) -> dict:
-    """Sum a split tile whose parts are all stored (``markers``: theirs, in part order).
+def _resolved(markers: list) -> list[dict]:
+    """The markers, with Ray references to part tasks replaced by their results.
 
-    Run when the last part found the others unfinished, or an earlier run stored it: Ray
-    starts this task once the parts' tasks are done (their results are its arguments).
-    """
-    if (done := _finished_marker(job, tile)) is not None:
-        remove_parts(job["tiles_dir"], tile, job["parts"])
-        return done
-    timer = PhaseTimer()
-    with timer.phase("read"):
-        last = _checked_part(job, tile, len(markers) - 1, markers[-1])
-    return sum_parts(job, tile, list(markers[:-1]), last, timer, "numpy")
-
-
-def _checked_part(job: dict, tile: Tile, k: int, marker: dict) -> np.ndarray:
-    """Part ``k`` of the tile (:func:`load_part`); a damaged one removed, then named."""
-    try:
-        return load_part(job["tiles_dir"], tile, k, marker)
-    except DamagedPartError as exc:
-        remove_parts(job["tiles_dir"], tile, k + 1, only=k)
-        raise DamagedPartError(
-            f"Gram tile {tile.key}: {exc}; removed it: run the Gram again to recompute that part."
-        ) from None
-
-
-def _ready_markers(markers: list, timeout: float) -> list[dict] | None:
-    """The markers, Ray references to part tasks replaced by their results.
-
-    None if they are not all done within ``timeout`` seconds (Ray lends this task's CPU
-    to others meanwhile, not its GPU).
+    The tasks before the last part were submitted before it (:mod:`mmdtl2_dist.engine.
+    running`); Ray lends this task's CPU to them while it waits.
     """
     refs = [m for m in markers if not isinstance(m, dict)]
     if not refs:
         return list(markers)
     import ray
 
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-    if len(ready) < len(refs):
-        return None
     got = iter(ray.get(refs))
     return [m if isinstance(m, dict) else next(got) for m in markers]
 

@@ -66,10 +66,6 @@ class PhaseTimer:
         finally:
             self.seconds[name] += time.perf_counter() - t0
 
-    def elapsed(self) -> float:
-        """Seconds since the task started."""
-        return time.perf_counter() - self._t0
-
     def record(self, device: str) -> dict:
         """The task's timing record (JSON-ready), with its start and end wall time."""
         return {
