@@ -28,13 +28,13 @@ def announcing_tile_task(probe_dir: str | os.PathLike, delay: float):
     """A ``gram_tile_task`` that records ``<tile key>.<pid>`` and waits ``delay`` s first."""
     probe_dir = str(probe_dir)
 
-    def gram_tile_task(job, tile, stats, norms, part=None, earlier=None):
+    def gram_tile_task(job, tile, stats, norms, part=None):
         from mmdtl2_dist.engine import tasks as worker_tasks  # the real one, in the worker
 
         task = tile.key if part is None else f"{tile.key}-p{part}"
         Path(probe_dir, f"{task}.{os.getpid()}").touch()
         time.sleep(delay)
-        return worker_tasks.gram_tile_task(job, tile, stats, norms, part, earlier)
+        return worker_tasks.gram_tile_task(job, tile, stats, norms, part)
 
     return gram_tile_task
 

@@ -2,7 +2,7 @@
 
 A Gram of few rows and many features (2,000 x 64,896: one tile) keeps its workers busy by
 splitting each tile's feature blocks into parts, one task each, summed in part order by
-the last part (``mmdtl2_dist.engine.plan``, ``mmdtl2_dist.engine.running``).
+a combine task (``mmdtl2_dist.engine.plan``, ``mmdtl2_dist.engine.running``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_plan_splits_the_features_of_few_tiles_among_the_workers():
     assert one["tile_rows"] == two["tile_rows"] == 2000 and one["tiles"] == 1
     assert one["read_amplification"] == two["read_amplification"] == 1.0
     assert (one["parts"], one["tasks"]) == (1, 1)
-    assert (two["parts"], two["tasks"]) == (2, 2)  # two parts of 4 blocks, the last sums
+    assert (two["parts"], two["tasks"]) == (2, 3)  # two parts of 4 blocks, one combine
     assert one["blocks"] == 8 and one["memory"] <= DEFAULT_TASK_MEMORY_MB * 2**20
     big = _paper_plan(20_000, 2)  # 55 tiles keep any small cluster busy: no split
     assert (big["tile_rows"], big["tiles"], big["parts"]) == (2048, 55, 1)
@@ -93,26 +93,16 @@ def test_part_blocks_are_contiguous_balanced_and_bounded():
         part_blocks(blocks, 8)
 
 
-def test_cost_model_counts_parts_and_their_sum():
+def test_cost_model_counts_parts_and_their_combine():
     r, s = 1e10, 1e9
     kw = dict(tile_rows=2000, task_overhead_s=0)
     whole = predict_gram_seconds(2000, 64_896, 2, r, s, **kw)
     split = predict_gram_seconds(2000, 64_896, 2, r, s, parts=2, **kw)
-    assert (whole["tasks"], split["tasks"]) == (1, 2)
+    assert (whole["tasks"], split["tasks"]) == (1, 3)
     assert whole["busy_workers"] == 1  # one tile: the second worker idles
     # Two parts on two workers: about half the time, plus writing and summing the parts.
     assert 0.5 < split["seconds"] / whole["seconds"] < 0.56
     assert split["compute_seconds"] == pytest.approx(whole["compute_seconds"])
-    # The last part sums once the other has written its file: by hand, with the write
-    # rate the read rate (8 bytes per entry of the 2,000 x 2,000 tile, 1e9 bytes/s).
-    half = 2000**2 * 64_896 / 2 / r + 2000 * 64_896 * 4 / 2 / s
-    tile = 8 * 2000**2 / s
-    # half + tile: the other part ends; + tile + tile: its file read, the chunk written.
-    assert split["seconds"] == pytest.approx(half + tile + tile + tile)
-    assert split["io_seconds"] == pytest.approx(2000 * 64_896 * 4 / s + 3 * tile)
-    # On one worker the parts run one after the other: nothing to wait for.
-    one = predict_gram_seconds(2000, 64_896, 1, r, s, parts=2, **kw)
-    assert one["seconds"] == pytest.approx(2 * half + 3 * tile)
 
 
 # ------------------------------------------------------- results (in this process) ---
@@ -123,10 +113,10 @@ def test_split_gram_equals_the_unsplit_one_and_numpy(tmp_path):
     whole = compute_gram(tmp_path / "st", "s", tmp_path / "g1", **kw)
     split = compute_gram(tmp_path / "st", "s", tmp_path / "g4", feature_parts=4, **kw)
     assert (whole.job["parts"], split.job["parts"]) == (1, 4)  # stored with the job
-    assert split.last_run["parts_computed"] == 4 and split.last_run["tasks"] == 4
+    assert split.last_run["parts_computed"] == 4 and split.last_run["tasks"] == 5
     _close(split.to_numpy(), whole.to_numpy())
     _close(split.to_numpy(), ref)
-    assert not list((split.path / "tiles" / "parts").iterdir())  # the last part tidied up
+    assert not list((split.path / "tiles" / "parts").iterdir())  # the combine tidied up
     (marker,) = split.finished_tiles().values()
     assert len(marker["parts"]) == 4  # the attempts it summed
     # Diagonal and off-diagonal tiles, exact and mixed: the same plan gives the same bits.
@@ -155,25 +145,24 @@ def test_torch_tiles_with_parts(tmp_path):
     assert on_torch.last_run["parts_computed"] == 9 and on_torch.last_run["device"] == "cpu"
 
 
-def _parts_of_a_job_stopped_before_its_sum(tmp_path, parts):
-    """Run an in-process job of ``parts`` parts that stops as its last part would sum
-    them (parts 0 … parts-2 are stored): (Z, out, compute kwargs)."""
+def _parts_of_a_job_stopped_before_its_combine(tmp_path):
+    """Run a 4-part in-process job that stops before its combine: (Z, out, compute kwargs)."""
     from mmdtl2_dist.engine import tasks
 
     Z = _wide_store(tmp_path / "st")
-    kw = dict(address=IN_PROCESS, progress=False, feature_parts=parts)
+    kw = dict(address=IN_PROCESS, progress=False, feature_parts=4)
     out = tmp_path / "g"
-    real = tasks.sum_parts
+    real = tasks.gram_combine_task
 
     def stopped(*args):
-        raise KeyboardInterrupt  # the job stops before the sum
+        raise KeyboardInterrupt  # the job stops before its combine
 
-    tasks.sum_parts = stopped
+    tasks.gram_combine_task = stopped
     try:
         with pytest.raises(KeyboardInterrupt):
             compute_gram(tmp_path / "st", "s", out, **kw)
     finally:
-        tasks.sum_parts = real
+        tasks.gram_combine_task = real
     return Z, out, kw
 
 
@@ -181,10 +170,10 @@ def test_damaged_or_missing_part_files_are_recomputed_never_summed(tmp_path, cap
     """Parts left by an interrupted job: a part whose file is damaged or missing, or that
     has no marker, is recomputed; the intact ones are kept."""
 
-    Z, out, kw = _parts_of_a_job_stopped_before_its_sum(tmp_path, 5)
+    Z, out, kw = _parts_of_a_job_stopped_before_its_combine(tmp_path)
     parts_dir = out / "tiles" / "parts"
     before = {p.name: json.loads(p.read_text()) for p in parts_dir.glob("*.json")}
-    assert sorted(before) == [f"0_0.{k}.json" for k in range(4)]  # the last is not stored
+    assert sorted(before) == [f"0_0.{k}.json" for k in range(4)]
     flipped = parts_dir / "0_0.1.npy"
     raw = bytearray(flipped.read_bytes())
     raw[-5] ^= 0x01
@@ -197,7 +186,7 @@ def test_damaged_or_missing_part_files_are_recomputed_never_summed(tmp_path, cap
     err = capsys.readouterr().err
     assert "part 0_0.1 of tile 0_0" in err and "holds other values" in err
     assert "part 0_0.2 of tile 0_0" in err and "cannot be read" in err
-    assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (1, 4)
+    assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (1, 3)
     assert len(gs.last_run["repaired"]) == 2
     (marker,) = gs.finished_tiles().values()
     assert marker["parts"][0] == before["0_0.0.json"]["attempt"]  # kept, not recomputed
@@ -208,7 +197,7 @@ def test_damaged_or_missing_part_files_are_recomputed_never_summed(tmp_path, cap
     chunk = out / "gram" / "c" / "0" / "0"
     chunk.write_bytes(chunk.read_bytes()[:100])
     again = compute_gram(tmp_path / "st", "s", out, **kw)
-    assert len(again.last_run["repaired"]) == 1 and again.last_run["parts_computed"] == 5
+    assert len(again.last_run["repaired"]) == 1 and again.last_run["parts_computed"] == 4
     assert np.array_equal(again.to_numpy(), gs.to_numpy())
 
 
@@ -231,7 +220,7 @@ def test_an_empty_part_file_or_a_marker_without_its_checksum_is_recomputed(tmp_p
     and a marker that records no CRC32C (damaged, or written by an older version) are
     named and recomputed; neither stops the run nor is summed."""
 
-    Z, out, kw = _parts_of_a_job_stopped_before_its_sum(tmp_path, 4)
+    Z, out, kw = _parts_of_a_job_stopped_before_its_combine(tmp_path)
     parts_dir = out / "tiles" / "parts"
     (parts_dir / "0_0.0.npy").write_bytes(b"")
     old = json.loads((parts_dir / "0_0.1.json").read_text())
@@ -244,33 +233,32 @@ def test_an_empty_part_file_or_a_marker_without_its_checksum_is_recomputed(tmp_p
     err = capsys.readouterr().err
     assert "part 0_0.0 of tile 0_0" in err and "cannot be read" in err
     assert "part 0_0.1 of tile 0_0" in err and "records no CRC32C checksum" in err
-    assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (1, 3)
+    assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (2, 2)
     _close(gs.to_numpy(), Z @ Z.T)
     assert not list(parts_dir.iterdir())
 
 
-def test_a_part_damaged_before_the_sum_is_named_and_removed(tmp_path):
+def test_a_part_damaged_before_its_combine_is_named_and_removed(tmp_path):
     from mmdtl2_dist.engine import tasks
 
     Z = _wide_store(tmp_path / "st", sizes=(12, 6))
-    kw = dict(address=IN_PROCESS, progress=False, feature_parts=3)
-    real = tasks.sum_parts
+    kw = dict(address=IN_PROCESS, progress=False, feature_parts=2)
+    real = tasks.gram_combine_task
 
-    def damage_then_sum(job, tile, last, earlier, *rest):
+    def damage_then_combine(job, tile, *markers):
         data, _ = tasks.part_paths(job["tiles_dir"], tile, 1)
         np.save(data, np.load(data) * 2)  # a valid file of other values
-        return real(job, tile, last, earlier, *rest)
+        return real(job, tile, *markers)
 
-    tasks.sum_parts = damage_then_sum
+    tasks.gram_combine_task = damage_then_combine
     try:
         with pytest.raises(tasks.DamagedPartError, match=r"0_0\.1\.npy holds other values"):
             compute_gram(tmp_path / "st", "s", tmp_path / "g", **kw)
     finally:
-        tasks.sum_parts = real
-    parts_dir = tmp_path / "g" / "tiles" / "parts"
-    assert sorted(p.name for p in parts_dir.iterdir()) == ["0_0.0.json", "0_0.0.npy"]
+        tasks.gram_combine_task = real
+    assert not (tmp_path / "g" / "tiles" / "parts" / "0_0.1.json").exists()
     gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", **kw)
-    assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (1, 2)
+    assert (gs.last_run["parts_resumed"], gs.last_run["parts_computed"]) == (1, 1)
     _close(gs.to_numpy(), Z @ Z.T)
 
 
@@ -281,8 +269,7 @@ def test_ray_job_splits_one_tile_between_two_workers(ray_local, tmp_path):
     gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", progress=False)
     assert (gs.tile_rows, gs.job["parts"]) == (48, 2)  # 2 CPUs in ray_local
     timing = gs.last_run["timing"]
-    assert timing["tiles"] == 2  # records: two parts, the last of which summed the tile
-    assert timing["join_seconds"] >= 0
+    assert timing["tiles"] == 3  # records: two parts and the combine
     here = compute_gram(
         tmp_path / "st", "s", tmp_path / "h", address=IN_PROCESS, feature_parts=2, progress=False
     )

@@ -8,9 +8,9 @@ Each tile task reads its rows' features and multiplies them, then writes one Gra
   arrays, the marker).
 
 A tile split into ``P`` feature parts (:mod:`mmdtl2_dist.engine.plan`) is ``P`` tasks of
-``1/P`` of its reads and flops; the first ``P - 1`` each write their partial ``T² · 8``
-bytes, and the last, once its products are done and the others have finished, reads
-their ``P - 1`` partial tiles and writes the chunk.
+``1/P`` of its reads and flops, each writing its partial ``T² · 8`` bytes, and a combine
+task that reads the ``P`` partial tiles and writes the chunk; the combines run after
+the parts.
 
 A task takes ``flops / r + bytes_read / s + bytes_written / w + overhead``, with ``r``
 the product rate of one worker (flop/s: one BLAS thread, or one GPU), ``s`` the rate
@@ -60,14 +60,10 @@ class _Rates:
         x = read / self.transfer
         return max(r, x + c) + w, c, r + x + w
 
-    def tile_write(self, t) -> float:
-        """Writing tile ``t``'s chunk (or a partial tile of it)."""
-        return 8.0 * (t.a1 - t.a0) * (t.b1 - t.b0) / self.write
-
-    def sum_parts(self, t, parts: int) -> float:
-        """The last part's sum after its products: reads the others, writes the chunk."""
+    def combine(self, t, parts: int) -> float:
+        """The combine task of a tile split into ``parts``: reads them, writes the chunk."""
         tile_bytes = 8.0 * (t.a1 - t.a0) * (t.b1 - t.b0)
-        return tile_bytes * (parts - 1) / self.read + tile_bytes / self.write
+        return tile_bytes * parts / self.read + tile_bytes / self.write
 
 
 def predict_gram_seconds(
@@ -127,49 +123,29 @@ def predict_gram_seconds(
     )
     tiles = gram_tile_plan(n, min(tile_rows, n))
     compute = io = 0.0
-    tasks = []  # (seconds, or for a last part: (seconds before its sum, the sum))
+    durations, combines = [], []
     for t in tiles:
         task, c, i = rates.tile_task(t, n_features, itemsize, parts)
-        tasks += [task + task_overhead_s] * (parts - 1)
+        durations += [task + task_overhead_s] * parts
         compute, io = compute + c * parts, io + i * parts
-        if parts > 1:  # the last part: its products, then the others' files and the chunk
-            tail = rates.sum_parts(t, parts)
-            tasks.append((task - rates.tile_write(t) + task_overhead_s, tail))
-            io += tail - rates.tile_write(t)
-        else:
-            tasks.append(task + task_overhead_s)
-    free, work = _deal(tasks, min(workers, len(tasks)), parts)
+        if parts > 1:  # reads the parts, writes the chunk
+            combines.append(rates.combine(t, parts))
+            io += combines[-1]
+            combines[-1] += task_overhead_s
+    durations += combines
+    free = [0.0] * min(workers, len(durations))
+    for d in durations:  # each task to the worker free first, in plan order
+        heapq.heappush(free, heapq.heappop(free) + d)
     makespan = max(free)
     return {
         "seconds": startup_s + makespan,
         "compute_seconds": compute,
         "io_seconds": io,
         "tiles": len(tiles),
-        "tasks": len(tasks),
+        "tasks": len(durations),
         "busy_workers": len(free),
-        "balance": work / (workers * makespan) if makespan > 0 else 1.0,
+        "balance": sum(durations) / (workers * makespan) if makespan > 0 else 1.0,
     }
-
-
-def _deal(tasks: list, workers: int, parts: int) -> tuple[list[float], float]:
-    """Each task to the worker free first, in plan order: the workers' end times, the work.
-
-    A last part (a pair) sums its tile once its products are done and the tile's other
-    ``parts - 1`` tasks, dealt just before it, have ended; it holds its worker meanwhile.
-    """
-    free, work, ends = [0.0] * workers, 0.0, []
-    heapq.heapify(free)
-    for task in tasks:
-        start = heapq.heappop(free)
-        if isinstance(task, tuple):
-            own, tail = task
-            end = max(start + own, *ends[len(ends) - (parts - 1) :]) + tail
-            work += own + tail
-        else:
-            end, work = start + task, work + task
-        ends.append(end)
-        heapq.heappush(free, end)
-    return free, work
 
 
 def workers_for(

@@ -411,7 +411,7 @@ def _compute(fs: FeatureStore, space, out: Path, preprocessing, precision, asked
             gs.last_run = {"computed": 0, "skipped": len(tiles), "verified": len(tiles)}
             gs.last_run["seconds"] = time.monotonic() - t_start
             return gs
-        result = run_job(runner.ray(), fs, job, out, tiles, run, runner.workers())
+        result = run_job(runner.ray(), fs, job, out, tiles, run)
     finally:
         runner.close()
     finish(out, job, tiles)

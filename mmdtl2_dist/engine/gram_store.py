@@ -20,9 +20,8 @@ Layout (a directory)::
       index.parquet        Gram row -> device, row, label, class_name, group, sample_id
       tiles/<i>_<j>.json   completion marker of each tile (resume skips these)
       tiles/parts/         partial tiles of tiles split into feature parts, while their
-                           tile is not summed: <i>_<j>.<k>.npy and its marker
-                           <i>_<j>.<k>.json (its CRC32C), for every part but the
-                           last, which sums them and removes them
+                           tile is not combined: <i>_<j>.<k>.npy and its marker
+                           <i>_<j>.<k>.json (its CRC32C); removed by the tile's combine
 
 Rows are the devices' rows concatenated, devices in sorted order. A Gram computed for a
 store is kept in the store's Gram folder under its key (:mod:`mmdtl2_dist.engine.location`).

@@ -35,9 +35,7 @@ class _Ref:
     """A submitted task: runs once, when the driver first waits for it.
 
     An argument that is another task's ref is replaced by that task's result (run
-    first if needed), as Ray hands a task the results of the tasks it depends on; so
-    are refs inside a list argument, which a task on Ray waits for itself (the last
-    part of a split tile, :func:`~mmdtl2_dist.engine.tasks.sum_parts`).
+    first if needed), as Ray hands a task the results of the tasks it depends on.
     """
 
     def __init__(self, fn: Callable, args: tuple):
@@ -46,7 +44,7 @@ class _Ref:
 
     def run(self) -> None:
         if not self.done:
-            args = [_resolved(a) for a in self.args]
+            args = [_result(a) if isinstance(a, _Ref) else a for a in self.args]
             self.value = self.fn(*args)
             self.done = True
 
@@ -54,14 +52,6 @@ class _Ref:
 def _result(ref: _Ref):
     ref.run()
     return ref.value
-
-
-def _resolved(arg):
-    if isinstance(arg, _Ref):
-        return _result(arg)
-    if isinstance(arg, list):
-        return [_result(a) if isinstance(a, _Ref) else a for a in arg]
-    return arg
 
 
 class _Remote:

@@ -10,7 +10,7 @@ Tiles are as large as the memory budget allows (fewer tiles: each row is read fr
 store fewer times). When there are fewer tiles than workers (few samples, many
 features: 2,000 × 64,896 is one tile), each tile's feature blocks are split into
 ``parts`` contiguous groups (:func:`choose_parts`, :func:`part_blocks`): one task per
-part computes a partial float64 tile, and the last part sums them in part order.
+part computes a partial float64 tile, and a combine task sums the parts in part order.
 The plan ``(tile_rows, col_blocks, parts)`` is fixed when a job starts and stored with
 it; the Gram's last bits depend on it (the float64 sums run in its order), and the same
 plan gives the same bits on any worker and any retry.
@@ -225,8 +225,8 @@ def plan_summary(
     """Flops, bytes and tasks of a plan (for progress lines and the cluster cost model).
 
     A part reads its features of the tile's rows, so the rows read (in whole rows of
-    ``n_features``) do not depend on ``parts``; a split tile runs ``parts`` tasks, the
-    last of which sums them.
+    ``n_features``) do not depend on ``parts``; a split tile runs ``parts`` part tasks
+    and one combine task.
     """
     pairs = sum((t.a1 - t.a0) * (t.b1 - t.b0) * (0.5 if t.diagonal else 1.0) for t in tiles)
     reads = sum((t.a1 - t.a0) + (0 if t.diagonal else t.b1 - t.b0) for t in tiles)
@@ -234,7 +234,7 @@ def plan_summary(
         "tiles": len(tiles),
         "feature_blocks": len(blocks),
         "parts": int(parts),
-        "tasks": len(tiles) * parts,
+        "tasks": len(tiles) * (parts + 1 if parts > 1 else 1),
         "flops": 2.0 * pairs * n_features,
         "rows_read": int(reads),
         "read_amplification": float(reads / max(n_rows, 1)),

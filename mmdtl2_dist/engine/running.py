@@ -1,15 +1,10 @@
-"""Running a Gram job's tasks: whole tiles, or a split tile's parts.
+"""Running a Gram job's tasks: whole tiles, or a split tile's parts and its combine.
 
 A job whose plan has one part per tile runs one task per unfinished tile. A job whose
 tiles are split into ``parts`` (:mod:`mmdtl2_dist.engine.plan`) runs, per unfinished
-tile, the parts ``0 … P-2`` that earlier runs did not finish (:func:`finished_parts`
-keeps those whose file matches its marker), then the last part, which is handed the
-others' markers or task references and sums the tile
-(:func:`~mmdtl2_dist.engine.tasks.sum_parts`).
-
-The last part waits inside its task for the parts submitted before it. Ray lends a
-waiting task's CPU to other tasks but not its GPU, so a split job keeps at most one task
-per worker in flight: every part it waits for has been handed a worker already.
+tile, the part tasks that earlier runs did not finish (:func:`finished_parts` keeps
+those whose file matches its marker) and a combine task that Ray starts once they are
+done (it takes their results as arguments).
 """
 
 from __future__ import annotations
@@ -87,10 +82,9 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
     """The parts earlier runs finished, checked; what was damaged (their files removed).
 
     A part counts as done when its marker reads and its file has the CRC32C the marker
-    records (the last part of a tile has no file of its own); a file without a marker
-    (its task was stopped before the marker) and a part whose file is missing or other
-    is removed and recomputed, the latter named on stderr. The leftover parts of
-    finished tiles are removed.
+    records; a file without a marker (its task was stopped before the marker) and a
+    part whose file is missing or other is removed and recomputed, the latter named on
+    stderr. The leftover parts of finished tiles are removed.
 
     Returns
     -------
@@ -99,11 +93,10 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
     """
     tiles_dir = out / TILES_DIR
     kept, damaged = {}, []
-    last = job["parts"] - 1  # never stored: it sums the tile
     for tile in tiles:
         for k in range(job["parts"]):
             _, marker_path = tasks.part_paths(tiles_dir, tile, k)
-            if tile.key in done or k == last or not marker_path.exists():
+            if tile.key in done or not marker_path.exists():
                 tasks.remove_parts(tiles_dir, tile, job["parts"], only=k)
                 continue
             try:
@@ -125,10 +118,8 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
     return kept, damaged
 
 
-def run_job(ray, fs, job: dict, out: Path, tiles, run, workers: int) -> dict:
+def run_job(ray, fs, job: dict, out: Path, tiles, run) -> dict:
     """Run the statistics pass if needed and every unfinished tile (or part).
-
-    ``workers`` is :meth:`JobRunner.workers`: a split job keeps that many tasks in flight.
 
     Returns ``computed`` (tiles), ``parts_computed``, ``parts_resumed``, ``repaired``
     (damaged parts found) and ``timing`` (:func:`~mmdtl2_dist.engine.timing.summarize_timing`).
@@ -156,6 +147,8 @@ def run_job(ray, fs, job: dict, out: Path, tiles, run, workers: int) -> dict:
     }
     stats_ref, norms_ref = ray.put(stats), ray.put(norms)
     tile_fn = ray.remote(tasks.gram_tile_task).options(**opts)
+    cpu = {k: v for k, v in opts.items() if k != "num_gpus"}
+    combine_fn = ray.remote(tasks.gram_combine_task).options(**cpu)
     submitted: dict[str, float] = {}
 
     def submit(key, call):
@@ -165,31 +158,29 @@ def run_job(ray, fs, job: dict, out: Path, tiles, run, workers: int) -> dict:
 
         return go
 
-    def tile_task(t, k=None, earlier=None):
-        return tile_fn.remote(task_job, t, stats_ref, norms_ref, k, earlier)
+    def tile_task(t, k=None):
+        return tile_fn.remote(task_job, t, stats_ref, norms_ref, k)
 
-    submits = _submissions(todo, parts, kept, tile_task, submit)
+    submits = _submissions(todo, parts, kept, tile_task, combine_fn, task_job, submit)
     total = plan_summary(job["n_rows"], job["n_features"], tiles, job["col_blocks"], parts)
     on_done = _progress_line(job, total, total["tasks"] - len(submits), run.progress)
     t0 = time.monotonic()
-    in_flight = run.max_in_flight if parts == 1 else workers
-    markers = run_tasks(ray, submits, on_done, in_flight)
+    markers = run_tasks(ray, submits, on_done, run.max_in_flight)
     records = [{**m["timing"], "submitted": submitted[_task_key(m)]} for m in markers if m]
     return {
         "computed": len(todo),
-        "parts_computed": len(submits) if parts > 1 else 0,
+        "parts_computed": sum(1 for m in markers if m and "part" in m),
         "parts_resumed": len(kept),
         "repaired": damaged,
         "timing": summarize_timing(records, time.monotonic() - t0),
     }
 
 
-def _submissions(todo, parts: int, kept: dict, tile_task, submit) -> list:
-    """The submit calls of the unfinished tiles: a tile, or its missing parts.
+def _submissions(todo, parts: int, kept: dict, tile_task, combine_fn, task_job, submit) -> list:
+    """The submit calls of the unfinished tiles: a tile, or its missing parts and combine.
 
-    The last part is listed after the others, so their refs exist when it is
-    submitted; they go to it in a list (Ray hands them over unresolved, and the task
-    waits for them itself), finished parts as their markers.
+    A combine is listed after its parts, so their refs exist when it is submitted;
+    finished parts go to it as their markers.
     """
     submits, refs = [], {}
 
@@ -200,10 +191,12 @@ def _submissions(todo, parts: int, kept: dict, tile_task, submit) -> list:
 
         return call
 
-    def last_part_call(t):
+    def combine_call(t):
         def call():
-            earlier = [kept.get((t.key, k)) or refs[(t.key, k)] for k in range(parts - 1)]
-            return tile_task(t, parts - 1, earlier)
+            args = [
+                kept[(t.key, k)] if (t.key, k) in kept else refs[(t.key, k)] for k in range(parts)
+            ]
+            return combine_fn.remote(task_job, t, *args)
 
         return call
 
@@ -211,15 +204,15 @@ def _submissions(todo, parts: int, kept: dict, tile_task, submit) -> list:
         if parts == 1:
             submits.append(submit(t.key, lambda t=t: tile_task(t)))
             continue
-        for k in range(parts - 1):
+        for k in range(parts):
             if (t.key, k) not in kept:
                 submits.append(submit(f"{t.key}.{k}", part_call(t, k)))
-        submits.append(submit(t.key, last_part_call(t)))
+        submits.append(submit(t.key, combine_call(t)))
     return submits
 
 
 def _task_key(marker: dict) -> str:
-    """``i_j`` for a tile (or its last part), ``i_j.k`` for another part."""
+    """``i_j`` for a tile (or its combine), ``i_j.k`` for a part."""
     return marker["tile"] + (f".{marker['part']}" if "part" in marker else "")
 
 

@@ -4,17 +4,12 @@ They take absolute paths and ranges (never arrays of features), read the Zarr fe
 arrays themselves, and write only Zarr chunks they own (one Gram chunk per tile), then a
 completion marker, atomically. They import neither the driver nor Ray.
 
-A tile split into ``P`` feature parts (:mod:`mmdtl2_dist.engine.plan`) runs one
-:func:`gram_tile_task` per part. Parts ``0 … P-2`` write their partial tile to
+A tile split into feature parts (:mod:`mmdtl2_dist.engine.plan`) runs one
+:func:`gram_tile_task` per part, which writes its partial tile to
 ``tiles/parts/<i>_<j>.<k>.npy`` (to a temporary name, then renamed) and then its marker
-``<i>_<j>.<k>.json`` holding the file's CRC32C. The last part keeps its partial tile in
-memory, waits for the others' markers, checks each of their files against its marker,
-sums them in part order with its own, writes the tile's chunk and marker as an unsplit
-tile does, and removes the part files (:func:`sum_parts`). The sum is thus on no
-worker's critical path as a task of its own: no part file of the last part is written
-and read back, and no task waits for a free worker after the parts (BENCHMARKS.md,
-"The last part sums the tile"). These functions import Ray only to wait for the
-earlier parts' results inside the last part.
+``<i>_<j>.<k>.json`` holding the file's CRC32C; :func:`gram_combine_task` then checks
+each part against its marker, sums them in part order, writes the tile's chunk and
+marker as an unsplit tile does, and removes the part files.
 """
 
 from __future__ import annotations
@@ -117,9 +112,7 @@ def _preprocess(x, job, d, l0, l1, c0, c1, stats, norms):
     return x
 
 
-def gram_tile_task(
-    job: dict, tile: Tile, stats, norms, part: int | None = None, earlier: list | None = None
-) -> dict:
+def gram_tile_task(job: dict, tile: Tile, stats, norms, part: int | None = None) -> dict:
     """Compute Gram tile ``(i, j)`` (or its feature part ``part``) and store it.
 
     Parameters
@@ -138,11 +131,7 @@ def gram_tile_task(
         Raw row norms (for L2 methods).
     part : int or None
         None: the whole tile, written to its Gram chunk. Else the part's feature blocks
-        only: written to the part's file, or, for the last part (``earlier`` given),
-        summed with the other parts into the tile's chunk (:func:`sum_parts`).
-    earlier : list or None
-        The last part only: the markers of parts ``0 … P-2`` in part order, each a dict
-        (a part finished earlier) or the Ray reference of the task computing it.
+        only, written to the part's file for :func:`gram_combine_task`.
 
     Returns
     -------
@@ -150,10 +139,6 @@ def gram_tile_task(
         The marker's content; ``timing`` holds the task's phase times
         (:mod:`mmdtl2_dist.engine.timing`).
     """
-    done = Path(job["tiles_dir"]) / f"{tile.key}.json"
-    if earlier is not None and done.exists():  # a retry after the tile was written
-        remove_parts(job["tiles_dir"], tile, job["parts"])
-        return json.loads(done.read_text())
     timer = PhaseTimer()
     blocks = job["col_blocks"]
     if part is not None:
@@ -174,8 +159,6 @@ def gram_tile_task(
             _raise_for_bad_inputs(job, tile, blocks)
     if part is None:
         return _store_tile(job, tile, G, timer, product.device)
-    if earlier is not None:
-        return sum_parts(job, tile, G, earlier, timer, product.device)
     return _store_part(job, tile, part, G, timer, product.device)
 
 
@@ -250,17 +233,20 @@ def load_part(tiles_dir: str | os.PathLike, tile: Tile, part: int, marker: dict)
     return G
 
 
-def sum_parts(job: dict, tile: Tile, last, earlier: list, timer: PhaseTimer, device) -> dict:
-    """Sum the earlier parts' files and the last part ``last`` in part order; store the tile.
+def gram_combine_task(job: dict, tile: Tile, *markers: dict) -> dict:
+    """Sum the parts of a split tile in part order; write its chunk and marker as a tile.
 
-    ``earlier`` are the markers of parts ``0 … P-2`` (dicts, or Ray references waited
-    for here: the ``join`` phase). Each file is checked against its marker; a damaged
-    one is removed with its marker and named in the error, so the next run recomputes
-    it and no damaged part is ever summed. The part files go once the tile's marker is
-    written. The sum runs in part order, so the tile has the same bits on any worker.
+    ``markers`` are the parts' markers, in part order (Ray hands over the results of
+    the part tasks it waited for). A part whose file does not match its marker is
+    removed with its marker and named in the error: the next run recomputes it, and no
+    damaged part is ever summed. The part files go once the tile's marker is written;
+    a retry that finds the marker (its worker died after writing it) only tidies up.
     """
-    with timer.phase("join"):
-        markers = _resolved(earlier)
+    done = Path(job["tiles_dir"]) / f"{tile.key}.json"
+    if done.exists():
+        remove_parts(job["tiles_dir"], tile, len(markers))
+        return json.loads(done.read_text())
+    timer = PhaseTimer()
     G = None
     for k, marker in enumerate(markers):
         with timer.phase("read"):
@@ -274,27 +260,10 @@ def sum_parts(job: dict, tile: Tile, last, earlier: list, timer: PhaseTimer, dev
                 ) from None
         with timer.phase("product"):
             G = P if G is None else np.add(G, P, out=G)
-    with timer.phase("product"):
-        G = last if G is None else np.add(G, np.asarray(last), out=G)
-    parts = [m["attempt"] for m in markers] + [uuid.uuid4().hex]
-    marker = _store_tile(job, tile, G, timer, device, parts=parts)
-    remove_parts(job["tiles_dir"], tile, len(markers) + 1)
+    parts = [m["attempt"] for m in markers]
+    marker = _store_tile(job, tile, G, timer, "numpy", parts=parts)
+    remove_parts(job["tiles_dir"], tile, len(markers))
     return marker
-
-
-def _resolved(markers: list) -> list[dict]:
-    """The markers, with Ray references to part tasks replaced by their results.
-
-    The tasks before the last part were submitted before it (:mod:`mmdtl2_dist.engine.
-    running`); Ray lends this task's CPU to them while it waits.
-    """
-    refs = [m for m in markers if not isinstance(m, dict)]
-    if not refs:
-        return list(markers)
-    import ray
-
-    got = iter(ray.get(refs))
-    return [m if isinstance(m, dict) else next(got) for m in markers]
 
 
 def remove_parts(tiles_dir, tile: Tile, parts: int, only: int | None = None) -> None:

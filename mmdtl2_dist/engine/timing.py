@@ -1,9 +1,8 @@
 """Where a Gram job's time goes: per-tile phase times, aggregated per worker and per job.
 
-Every tile task (or part task of a split tile) measures its phases with a
-:class:`PhaseTimer` and returns them in its marker (``marker["timing"]``); the last part
-of a split tile also counts loading the other parts in ``read`` and summing them in
-``product``:
+Every tile task (or part task, or combine task of a split tile) measures its phases
+with a :class:`PhaseTimer` and returns them in its marker (``marker["timing"]``); a
+combine's ``read`` is loading its parts and its ``product`` summing them:
 
 ``setup``
     Importing torch and opening the device, the first time a worker process needs them.
@@ -24,9 +23,6 @@ of a split tile also counts loading the other parts in ``read`` and summing them
     Writing the Gram chunk (CRC32C encode, file write).
 ``digest``
     The tile's CRC32C (recorded in its marker) and the marker itself.
-``join``
-    The last part of a split tile waiting for the other parts to finish: idle, so not
-    counted in the task's busy time.
 
 plus the wall-clock ``start`` and ``end`` of the task, its process (``pid``, ``host``),
 the ``device`` it ran on and the BLAS threads of its process (``blas_threads``: one per
@@ -46,15 +42,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 PHASES = ("setup", "read", "check", "cast", "transfer", "product", "write", "digest")
-#: The idle phase: a last part waiting for its tile's other parts.
-JOIN = "join"
 
 
 class PhaseTimer:
     """Seconds spent per phase of one task (see the module docstring)."""
 
     def __init__(self):
-        self.seconds = dict.fromkeys((*PHASES, JOIN), 0.0)
+        self.seconds = dict.fromkeys(PHASES, 0.0)
         self.start = time.time()
         self._t0 = time.perf_counter()
 
@@ -111,12 +105,10 @@ def summarize_timing(records: list[dict], wall_seconds: float) -> dict:
     -------
     dict
         ``phases`` (seconds summed over tiles, and their share of the tiles' busy time),
-        ``wait`` (scheduling wait summed and its maximum), ``join_seconds`` (last parts
-        waiting for their tiles' other parts), ``workers`` (per ``host:pid``: tiles,
-        busy seconds, utilisation = busy / wall) and ``tiles``. Busy time leaves out
-        ``join``.
+        ``wait`` (scheduling wait summed and its maximum), ``workers`` (per
+        ``host:pid``: tiles, busy seconds, utilisation = busy / wall) and ``tiles``.
     """
-    records = [{**r, "total": r["total"] - r.get(JOIN, 0.0)} for r in records if r]
+    records = [r for r in records if r]
     busy = sum(r["total"] for r in records)
     phases = {p: sum(r[p] for r in records) for p in PHASES}
     phases["other"] = max(0.0, busy - sum(phases.values()))
@@ -139,7 +131,6 @@ def summarize_timing(records: list[dict], wall_seconds: float) -> dict:
         "phase_share": {p: v / max(busy, 1e-12) for p, v in phases.items()},
         "wait_seconds": sum(waits),
         "max_wait_seconds": max(waits, default=0.0),
-        "join_seconds": sum(r.get(JOIN, 0.0) for r in records),
         "workers": dict(per_worker),
     }
 
@@ -152,8 +143,7 @@ def format_timing(summary: dict) -> str:
         f"{summary['tiles']} tiles, busy {summary['busy_seconds']:.2f} s in "
         f"{summary['wall_seconds']:.2f} s wall: {phases}",
         f"scheduling wait {summary['wait_seconds']:.2f} s in all "
-        f"(longest {summary['max_wait_seconds']:.2f} s); last parts waiting for the "
-        f"others {summary.get('join_seconds', 0.0):.2f} s",
+        f"(longest {summary['max_wait_seconds']:.2f} s)",
     ]
     for name, w in sorted(summary["workers"].items()):
         lines.append(
