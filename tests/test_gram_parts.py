@@ -262,6 +262,26 @@ def test_a_part_damaged_before_its_combine_is_named_and_removed(tmp_path):
     _close(gs.to_numpy(), Z @ Z.T)
 
 
+def test_a_tile_whose_marker_is_unreadable_or_missing_is_recomputed(tmp_path, capsys):
+    """A finished split tile's marker cut short (or removed) is named and the tile
+    recomputed, not reported verified, and its combine does not stop at the marker."""
+    Z = _wide_store(tmp_path / "st", sizes=(12, 6))
+    kw = dict(address=IN_PROCESS, progress=False, feature_parts=2)
+    first = compute_gram(tmp_path / "st", "s", tmp_path / "g", **kw).to_numpy()
+    marker = tmp_path / "g" / "tiles" / "0_0.json"
+    chunk = tmp_path / "g" / "gram" / "c" / "0" / "0"
+    for damage, why in ((lambda: marker.write_text("{"), "has an unreadable marker"),
+                        (marker.unlink, "has no marker")):  # fmt: skip
+        damage()
+        capsys.readouterr()
+        gs = compute_gram(tmp_path / "st", "s", tmp_path / "g", **kw)
+        assert f"tile 0_0 (chunk file {chunk}) {why}" in capsys.readouterr().err
+        assert gs.last_run["repaired"] == [f"tile 0_0 (chunk file {chunk}) {why}"]
+        assert gs.last_run["parts_computed"] == 2 and json.loads(marker.read_text())["parts"]
+        assert np.array_equal(gs.to_numpy(), first)
+    _close(first, Z @ Z.T)
+
+
 # ------------------------------------------------------------------------ on Ray ------
 @pytest.mark.ray
 def test_ray_job_splits_one_tile_between_two_workers(ray_local, tmp_path):

@@ -20,7 +20,8 @@ def forget_damaged(out: Path, job: dict, tiles, progress: bool) -> list[str]:
 
     Every finished tile's chunk is decoded (which checks its CRC32C) and checked against
     the checksum its task recorded in the marker: a chunk that fails, is missing, or holds
-    other values loses its marker and is recomputed. Damaged statistics are recomputed
+    other values loses its marker and is recomputed, and so is a tile whose marker cannot
+    be read (or, in a finished Gram, is missing). Damaged statistics are recomputed
     too (same bits: their sums have a fixed order) and a damaged diagonal is rewritten.
     Chunk writes that a stop cut short before their rename are removed.
 
@@ -36,9 +37,15 @@ def forget_damaged(out: Path, job: dict, tiles, progress: bool) -> list[str]:
         print(f"gram {job['space']}: verifying {len(markers)} finished tiles", file=sys.stderr)
     found = []
     for tile in tiles:
-        why = tile.key in markers and _tile_damage(gram, tile, markers[tile.key])
+        marker = out / TILES_DIR / f"{tile.key}.json"
+        if tile.key in markers:
+            why = _tile_damage(gram, tile, markers[tile.key])
+        elif marker.exists():  # a split tile's combine would find it and stop there
+            why = "has an unreadable marker"
+        else:
+            why = job.get("complete") and "has no marker"
         if why:
-            (out / TILES_DIR / f"{tile.key}.json").unlink()
+            marker.unlink(missing_ok=True)
             chunk_file = out / "gram" / "c" / str(tile.i) / str(tile.j)
             found.append(f"tile {tile.key} (chunk file {chunk_file}) {why}")
     bad_stats = [
