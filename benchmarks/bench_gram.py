@@ -191,10 +191,6 @@ def calibrate(store, tile_rows: int, span: int, device: str | None = None) -> di
     decoded as a tile task does (the store's files are then in the page cache, as in the
     runs). ``device_flops_per_s_<precision>``: the torch device's own matmul.
     """
-    from threadpoolctl import threadpool_limits
-
-    from mmdtl2_dist.engine.products import tile_product
-    from mmdtl2_dist.engine.timing import PhaseTimer
     from mmdtl2_dist.store import FeatureStore
     from mmdtl2_dist.store.feature_store import read_array_block
 
@@ -204,16 +200,55 @@ def calibrate(store, tile_rows: int, span: int, device: str | None = None) -> di
     t_read = _timed(lambda: read_array_block(path, 0, t, 0, span, check_finite=False), 3)
     A = read_array_block(path, 0, t, 0, span)
     out = {"read_bytes_per_s": A.nbytes / t_read, "tile_rows": t, "span": span}
-    with threadpool_limits(1, user_api="blas"):
-        for precision in ("float64", "mixed"):
-            product = tile_product((t, t), precision, PhaseTimer(), None)
-            a = product.cast(A)
-            b = a[::-1].copy()
-            seconds = _timed(lambda p=product, a=a, b=b: p.add(a, b), 3)
-            out[f"flops_per_s_{precision}"] = 2.0 * t * t * span / seconds
+    out |= {f"flops_per_s_{p}": rate for p, rate in _product_rates(str(store), t, span).items()}
     if device is not None:
         out.update(_calibrate_torch(A, device))
     return out
+
+
+def calibrate_loaded(store, tile_rows: int, span: int, workers: int) -> dict:
+    """Each worker's product rate while ``workers`` processes multiply at once.
+
+    ``loaded_flops_per_s_<precision>``: the mean over ``workers`` processes (one BLAS
+    thread each, released together by a barrier) of the rate :func:`calibrate` measures
+    alone. Workers of one node share its memory bandwidth and caches, so on a busy node
+    each multiplies more slowly than alone; the cost model of a run with several
+    workers per node takes this rate.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager, ctx.Pool(workers) as pool:
+        barrier = manager.Barrier(workers)
+        rates = pool.starmap(_product_rates, [(str(store), tile_rows, span, barrier)] * workers)
+    loaded = {f"loaded_flops_per_s_{p}": float(np.mean([r[p] for r in rates])) for p in rates[0]}
+    return {**loaded, "loaded_workers": workers}
+
+
+def _product_rates(store: str, tile_rows: int, span: int, barrier=None) -> dict:
+    """This process's block product rate per precision (one BLAS thread); with a
+    ``barrier``, timed once every process waiting on it is ready."""
+    from threadpoolctl import threadpool_limits
+
+    from mmdtl2_dist.engine.products import tile_product
+    from mmdtl2_dist.engine.timing import PhaseTimer
+    from mmdtl2_dist.store import FeatureStore
+    from mmdtl2_dist.store.feature_store import read_array_block
+
+    path = FeatureStore.open(store).array_path("source", "conv3")
+    A = read_array_block(path, 0, tile_rows, 0, span)
+    rates = {}
+    with threadpool_limits(1, user_api="blas"):
+        for precision in ("float64", "mixed"):
+            product = tile_product((tile_rows, tile_rows), precision, PhaseTimer(), None)
+            a = product.cast(A)
+            b = a[::-1].copy()
+            if barrier is not None:
+                product.add(a, b)  # warm-up, then all start together
+                barrier.wait()
+            seconds = _timed(lambda p=product, a=a, b=b: p.add(a, b), 3)
+            rates[precision] = 2.0 * tile_rows * tile_rows * span / seconds
+    return rates
 
 
 def _calibrate_torch(A: np.ndarray, device: str) -> dict:
@@ -302,6 +337,8 @@ def throughput(args) -> dict:
         after = _numpy_seconds(X, X64, args.repeat)
         first = next(iter(runs.values()))
         cal = calibrate(store, first["tile_rows"], _span_of(work / "gram"), args.device)
+        if args.device is None:
+            cal |= calibrate_loaded(store, cal["tile_rows"], cal["span"], BENCH_CPUS)
     result = {
         "benchmark": "gram_throughput",
         "shape": [n, L],
@@ -443,6 +480,19 @@ def _print_throughput(result: dict, flops: float, repeat: int) -> None:
     )
 
 
+def product_rate(cal: dict, precision: str, workers: int) -> float:
+    """The calibrated product rate of one worker of a run with ``workers`` workers.
+
+    A device's own matmul on GPUs; on CPU workers the rate measured with as many
+    processes multiplying at once (:func:`calibrate_loaded`), else alone.
+    """
+    if f"device_flops_per_s_{precision}" in cal:
+        return cal[f"device_flops_per_s_{precision}"]
+    if workers > 1 and cal.get("loaded_workers") == workers:
+        return cal[f"loaded_flops_per_s_{precision}"]
+    return cal[f"flops_per_s_{precision}"]
+
+
 def cost_model(result: dict) -> dict:
     """Predicted against measured wall time, and projections for a cluster.
 
@@ -456,7 +506,7 @@ def cost_model(result: dict) -> dict:
     runs = {}
     for label, r in result["engine"].items():
         precision = r["precision"]
-        rate = cal.get(f"device_flops_per_s_{precision}", cal[f"flops_per_s_{precision}"])
+        rate = product_rate(cal, precision, r["workers"])
         pred = predict_gram_seconds(
             n,
             L,
@@ -530,11 +580,13 @@ def big(args) -> dict:
         err = float(np.abs(gs.block(ra, rb) - ref).max() / np.abs(ref).max())
         cal = calibrate(store, gs.tile_rows, _span_of(out), args.device)
         workers = args.gpus or 2
+        if args.device is None:
+            cal |= calibrate_loaded(store, cal["tile_rows"], cal["span"], workers)
         pred = predict_gram_seconds(
             args.n,
             args.dim,
             workers,
-            cal.get(f"device_flops_per_s_{precision}", cal[f"flops_per_s_{precision}"]),
+            product_rate(cal, precision, workers),
             cal["read_bytes_per_s"],
             tile_rows=gs.tile_rows,
             parts=gs.job.get("parts", 1),

@@ -25,8 +25,9 @@ does; the prediction is when the last worker finishes, plus
 ``startup_s`` (starting or connecting to Ray). With few tiles per worker the makespan,
 not the total work, sets the time: 3 tiles on 2 workers take two tiles' time.
 
-Calibrate ``r`` with one worker's product on a tile-sized block and ``s`` with one
-worker's read of a feature block (``benchmarks/bench_gram.py`` does both); on a cluster,
+Calibrate ``r`` with one worker's product on a tile-sized block while the node's other
+workers multiply too, and ``s`` with one worker's read of a feature block
+(``benchmarks/bench_gram.py`` does both); on a cluster,
 measure ``s`` on the shared storage the store is on, with as many readers as workers.
 For GPU workers calibrate all four on one run's phase times
 (``benchmarks/bench_cost_model.py`` does, and predicts the other plans of that run).
