@@ -3,7 +3,7 @@
 Modes
 -----
 ``throughput`` (default): a synthetic 2,000 x 64,896 float32 store; in the same run,
-    ``X @ X.T`` in memory (float32 and float64, numpy with all cores, timed before and
+    ``X @ X.T`` in memory (float32 and float64, numpy on the engine's 2 cores, timed before and
     after the engine's runs, the faster of the two kept) versus the engine reading the
     Zarr store on a local Ray, with 1 worker (one task in flight) and with 2 workers,
     in each ``--precision`` (float64 exact, mixed). Writes ``results/gram_throughput.json``.
@@ -14,7 +14,8 @@ Modes
 
 Every engine run prints where its time went (per phase, per worker:
 :mod:`mmdtl2_dist.engine.timing`) and its wall time predicted by the cost model
-(:mod:`mmdtl2_dist.engine.cost`) from one worker's calibrated rates. The load of the
+(:mod:`mmdtl2_dist.engine.cost`) from calibrated rates (the products' with as many
+processes multiplying at once as the run has workers, ``--node-workers``). The load of the
 machine is sampled over the whole run (:class:`LoadMonitor`); a run that other processes
 competed with is flagged ``NOISY`` and its ratios are not a measurement. The throughput
 run is also flagged when numpy's own times moved by more than :data:`MAX_SPEED_DRIFT`
@@ -209,11 +210,11 @@ def calibrate(store, tile_rows: int, span: int, device: str | None = None) -> di
 def calibrate_loaded(store, tile_rows: int, span: int, workers: int) -> dict:
     """Each worker's product rate while ``workers`` processes multiply at once.
 
-    ``loaded_flops_per_s_<precision>``: the mean over ``workers`` processes (one BLAS
-    thread each, released together by a barrier) of the rate :func:`calibrate` measures
-    alone. Workers of one node share its memory bandwidth and caches, so on a busy node
-    each multiplies more slowly than alone; the cost model of a run with several
-    workers per node takes this rate.
+    ``loaded_flops_per_s_<precision>``: over ``workers`` processes (one BLAS thread
+    each), the mean rate of three products that all start together (a barrier before
+    each), against :func:`calibrate`'s best of three alone. Workers of one node share
+    its memory bandwidth and caches, so on a busy node each multiplies more slowly than
+    alone; the cost model of a run with several workers per node takes this rate.
     """
     import multiprocessing as mp
 
@@ -243,12 +244,21 @@ def _product_rates(store: str, tile_rows: int, span: int, barrier=None) -> dict:
             product = tile_product((tile_rows, tile_rows), precision, PhaseTimer(), None)
             a = product.cast(A)
             b = a[::-1].copy()
-            if barrier is not None:
-                product.add(a, b)  # warm-up, then all start together
-                barrier.wait()
-            seconds = _timed(lambda p=product, a=a, b=b: p.add(a, b), 3)
+            if barrier is None:
+                seconds = _timed(lambda p=product, a=a, b=b: p.add(a, b), 3)
+            else:  # every repetition starts together: none runs alone
+                product.add(a, b)  # warm-up
+                seconds = float(np.mean([_together(barrier, product, a, b) for _ in range(3)]))
             rates[precision] = 2.0 * tile_rows * tile_rows * span / seconds
     return rates
+
+
+def _together(barrier, product, a, b) -> float:
+    """Seconds of one product, started when every process waiting on ``barrier`` is ready."""
+    barrier.wait(timeout=600)
+    t0 = time.perf_counter()
+    product.add(a, b)
+    return time.perf_counter() - t0
 
 
 def _calibrate_torch(A: np.ndarray, device: str) -> dict:
@@ -338,7 +348,7 @@ def throughput(args) -> dict:
         first = next(iter(runs.values()))
         cal = calibrate(store, first["tile_rows"], _span_of(work / "gram"), args.device)
         if args.device is None:
-            cal |= calibrate_loaded(store, cal["tile_rows"], cal["span"], BENCH_CPUS)
+            cal |= calibrate_loaded(store, cal["tile_rows"], cal["span"], args.node_workers)
     result = {
         "benchmark": "gram_throughput",
         "shape": [n, L],
@@ -346,7 +356,7 @@ def throughput(args) -> dict:
         "load": with_speed_drift(load.summary(), before, after),
         "numpy_f32_seconds": min(before[0], after[0]),
         "numpy_f64_seconds": min(before[1], after[1]),
-        "numpy_threads": BENCH_CPUS,
+        "numpy_threads": _numpy_threads(),
         "engine": runs,
         "calibration": cal,
     }
@@ -370,6 +380,15 @@ def _numpy_seconds(X: np.ndarray, X64: np.ndarray, repeat: int) -> tuple[float, 
 
     with threadpool_limits(BENCH_CPUS, user_api="blas"):
         return _timed(lambda: X @ X.T, repeat), _timed(lambda: X64 @ X64.T, repeat)
+
+
+def _numpy_threads() -> int:
+    """The BLAS threads numpy's baseline runs on (:func:`_numpy_seconds`)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    with threadpool_limits(BENCH_CPUS, user_api="blas"):
+        blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    return max(blas, default=1)
 
 
 #: Largest change of numpy's own times between the start and the end of a run that
@@ -483,12 +502,12 @@ def _print_throughput(result: dict, flops: float, repeat: int) -> None:
 def product_rate(cal: dict, precision: str, workers: int) -> float:
     """The calibrated product rate of one worker of a run with ``workers`` workers.
 
-    A device's own matmul on GPUs; on CPU workers the rate measured with as many
-    processes multiplying at once (:func:`calibrate_loaded`), else alone.
+    A device's own matmul on GPUs; on CPU workers, with more than one, the rate each
+    has while a node's workers all multiply (:func:`calibrate_loaded`), else alone.
     """
     if f"device_flops_per_s_{precision}" in cal:
         return cal[f"device_flops_per_s_{precision}"]
-    if workers > 1 and cal.get("loaded_workers") == workers:
+    if workers > 1 and f"loaded_flops_per_s_{precision}" in cal:
         return cal[f"loaded_flops_per_s_{precision}"]
     return cal[f"flops_per_s_{precision}"]
 
@@ -496,8 +515,10 @@ def product_rate(cal: dict, precision: str, workers: int) -> float:
 def cost_model(result: dict) -> dict:
     """Predicted against measured wall time, and projections for a cluster.
 
-    The rates are the calibration's (one worker, measured before nothing else in the
-    run); :func:`mmdtl2_dist.engine.cost.predict_gram_seconds` is the model.
+    The rates are the calibration's, measured after the engine's runs (:func:`product_rate`
+    picks the products' rate of a run's worker count);
+    :func:`mmdtl2_dist.engine.cost.predict_gram_seconds` is the model. The projections
+    take the rate of a node whose workers all multiply, and a quarter of the read rate.
     """
     from mmdtl2_dist.engine.cost import predict_gram_seconds
 
@@ -525,7 +546,7 @@ def cost_model(result: dict) -> dict:
     for N in (20_000, 50_000, 100_000):
         for W in (16, 64, 256):
             p = predict_gram_seconds(
-                N, L, W, cal["flops_per_s_float64"], cal["read_bytes_per_s"] / 4
+                N, L, W, product_rate(cal, "float64", W), cal["read_bytes_per_s"] / 4
             )
             proj[f"n={N},workers={W}"] = {
                 "hours": p["seconds"] / 3600,
@@ -654,6 +675,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the local Ray (tiles on cuda)")
     p.add_argument("--device", help="torch device of the tiles (default: numpy on the CPU)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--node-workers",
+        type=int,
+        default=BENCH_CPUS,
+        help="processes multiplying at once for the cost model's product rate (a node's "
+        f"workers; default {BENCH_CPUS})",
+    )
     p.add_argument("--out", default=str(HERE / "results"), help="folder of the JSON result")
     args = p.parse_args(argv)
     args.n = args.n or (2000 if args.mode == "throughput" else 20_000)

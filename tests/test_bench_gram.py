@@ -34,6 +34,9 @@ def test_throughput_reports_timing_prediction_and_load(tmp_path):
     res = json.loads((tmp_path / "gram_throughput.json").read_text())
     labels = ["float64, 1 worker", "float64, 2 workers", "mixed, 1 worker", "mixed, 2 workers"]
     assert list(res["engine"]) == labels
+    assert res["numpy_threads"] == 2 and res["calibration"]["loaded_workers"] == 2
+    cal = res["calibration"]
+    assert cal["loaded_flops_per_s_float64"] > 0 and cal["loaded_flops_per_s_mixed"] > 0
     for label in labels:
         run = res["engine"][label]
         assert run["timing"]["phases"]["product"] > 0
