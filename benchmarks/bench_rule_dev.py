@@ -140,14 +140,18 @@ def split_rows(ys_all, yt_all, source, target, k, seed, n_lab, source_per_class=
     the same source rows for every ``n_lab``."""
     rng = np.random.default_rng([seed, SHIFTS.index((source, target)), k])
     ns = source_per_class or (8 if source in ("webcam", "dslr") else 20)
-    src = np.concatenate([
-        rng.choice(rows, min(ns, len(rows)), replace=False)
-        for rows in (np.flatnonzero(ys_all == c) for c in np.unique(ys_all))
-    ])  # fmt: skip
-    lab = np.concatenate(
-        [rng.choice(np.flatnonzero(yt_all == c), n_lab, replace=False) for c in np.unique(yt_all)]
-    )
+    src = per_class_draw(rng, ys_all, ns)
+    lab = per_class_draw(rng, yt_all, n_lab)
     return src, lab, np.setdiff1d(np.arange(len(yt_all)), lab)
+
+
+def per_class_draw(rng, labels, most: int) -> np.ndarray:
+    """``most`` rows of every class (all of a class with fewer), drawn without replacement
+    class by class in label order."""
+    return np.concatenate([
+        rng.choice(rows, min(most, len(rows)), replace=False)
+        for rows in (np.flatnonzero(labels == c) for c in np.unique(labels))
+    ])  # fmt: skip
 
 
 def reverse_knn_accuracy(Kst_q: np.ndarray, pseudo: np.ndarray, ys: np.ndarray) -> float:
@@ -478,10 +482,7 @@ def source_subsample(pool: SamplePool, ys, job):
     the rule was designed with): a prototype. The draw depends on the shift and the split
     number only, so it is the same in every split set."""
     rng = np.random.default_rng([SHIFTS.index(tuple(job[1:3])), job[3], 20])
-    keep = np.sort(np.concatenate([
-        rng.choice(rows, min(20, len(rows)), replace=False)
-        for rows in (np.flatnonzero(ys == c) for c in np.unique(ys))
-    ]))  # fmt: skip
+    keep = np.sort(per_class_draw(rng, ys, 20))
     sub = SamplePool(
         pool.Kss[np.ix_(keep, keep)], pool.Ktt, pool.Kst[keep], np.arange(len(keep)),
         pool.target_train, pool.target_test,
