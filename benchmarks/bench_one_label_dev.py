@@ -1,0 +1,172 @@
+"""One labelled target per class: can the rule validate anything? A dev study.
+
+    python benchmarks/bench_one_label_dev.py --data DIR --splits 20
+    python benchmarks/bench_one_label_dev.py --data DIR --splits 5 --source-per-class 1000
+
+With one labelled target per class no per-class fold exists, so ``select="auto"`` fits its
+fold-free prior **F** (shared PCA, ``d = 2C``, weight 1) and nothing else. On the whole
+source domain F loses up to 7 points to the source SVM on webcam ↔ dslr (BENCHMARKS.md,
+"The rule off its design protocol"). This study asks whether **leave-classes-out folds**
+can see that: the classes are split into three groups (sorted labels, group ``j`` =
+every third class from the ``j``-th); fold ``j`` holds out the labelled targets of group
+``j``, so each held-out target is a class the fold's fit has no target label of, which is
+what the source has to carry when labels are that few. Every candidate is fitted on the
+split (its test accuracy) and on each fold (the held-out multiclass hinge loss and
+correctness); the guarded rules (the rule's own guard: an alternative replaces F when its
+mean paired hinge gain exceeds one standard error) are scored on those records.
+
+Candidates: F; S (identity prior, weight 1); S½ (identity, weight 0.5); D (shared PCA
+``d = 4C``, weight 0.5); N (the source SVM on source and labelled targets). Splits: the
+``dev`` set of ``bench_rule_dev.py`` (seed 2027) at one label per class; Hoffman's
+splits and the ``fresh*`` sets are not read. One process per core, one BLAS thread each.
+Writes ``benchmarks/results/one_label_dev[_source_N].{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+from bench_priors_dev import DATASETS
+from bench_rule_dev import SEEDS, jobs_for, split_problem
+from threadpoolctl import threadpool_limits
+
+from mmdtl2_dist.core.auto import candidate_map, pool_problem
+from mmdtl2_dist.core.methods import fit_predict
+from mmdtl2_dist.core.selection import multiclass_hinge, sub_problem
+
+_PCA, _ID = {"prior": "matrix", "c_f": 1.0}, {"prior": "identity", "c_f": 1.0}
+# name: (core method, parameters, shared-PCA d in units of the class count or None)
+CANDIDATES = {
+    "F": ("mmdtl2", {**_PCA, "prior_weight": 1.0}, 2),
+    "S": ("mmdtl2", {**_ID, "prior_weight": 1.0}, None),
+    "S½": ("mmdtl2", {**_ID, "prior_weight": 0.5}, None),
+    "D": ("mmdtl2", {**_PCA, "prior_weight": 0.5}, 4),
+    "N": ("source_svm", {}, None),
+}
+GROUPS = 3
+RULES = {  # name: (default, alternatives, signal)
+    "F (the rule now)": ("F", (), "hinge"),
+    "F guarded by S": ("F", ("S",), "hinge"),
+    "F guarded by N": ("F", ("N",), "hinge"),
+    "F guarded by S, N": ("F", ("S", "N"), "hinge"),
+    "F guarded by S, N, D": ("F", ("S", "N", "D"), "hinge"),
+    "F guarded by S, N (accuracy)": ("F", ("S", "N"), "hit"),
+}
+
+
+def class_folds(yt: np.ndarray) -> list[np.ndarray]:
+    """Rows of ``yt`` held out by each fold: the labelled targets of one class group."""
+    classes = np.unique(yt)
+    return [np.flatnonzero(np.isin(yt, classes[j::GROUPS])) for j in range(GROUPS)]
+
+
+def collect(job, data_dir: str, seed: int) -> dict:
+    """Every candidate's test accuracy and leave-classes-out losses on one split."""
+    with threadpool_limits(1):
+        pool, base, yq = split_problem(job, data_dir, seed)
+        n_classes, p = len(np.unique(np.r_[base.ys, base.yt])), pool.Kyy.shape[0]
+        idx, folds = np.arange(len(base.yt)), class_folds(base.yt)
+        rec = {"job": list(job), "acc": {}, "hinge": {}, "hit": {}, "ref": {}}
+        for name, (method, params, per_class) in CANDIDATES.items():
+            d = None if per_class is None else min(per_class * n_classes, p - 1)
+            pmap = candidate_map(pool, d, np.ones(p, bool))
+            prob = pool_problem(pool, base.ys, base.yt, pmap)
+            rec["acc"][name] = float(np.mean(fit_predict(method, params, prob).y_pred == yq))
+            rec["hinge"][name], rec["hit"][name] = [], []
+            for held in folds:
+                fit = fit_predict(method, params, sub_problem(prob, np.setdiff1d(idx, held), held))
+                y = base.yt[held]
+                rec["hinge"][name] += multiclass_hinge(fit.scores, fit.classes, y).tolist()
+                rec["hit"][name] += (fit.y_pred == y).astype(int).tolist()
+        for m in ("source_svm", "target_svm"):
+            rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
+    return rec
+
+
+def pick(rec: dict, default: str, alternatives, signal: str) -> str:
+    """The rule's guard on a record: an alternative whose mean paired gain over the
+    default exceeds its standard error, the larger gain first; else the default."""
+    best, best_gain = default, 0.0
+    for alt in alternatives:
+        d, a = np.array(rec[signal][default], float), np.array(rec[signal][alt], float)
+        diff = (d - a) if signal == "hinge" else (a - d)
+        gain, se = diff.mean(), diff.std(ddof=1) / np.sqrt(diff.size)
+        if gain > se and gain > best_gain:
+            best, best_gain = alt, gain
+    return best
+
+
+def summary(records: list[dict]) -> str:
+    """Per rule: mean over shifts, worst shift and shifts lost against max(source SVM,
+    target SVM) (lost: more than one standard error below it), fits, picks."""
+    shift = lambda r: f"{r['job'][0]}:{r['job'][1][0].upper()}→{r['job'][2][0].upper()}"  # noqa: E731
+    by_shift: dict = {}
+    for r in records:
+        by_shift.setdefault(shift(r), []).append(r)
+    best = {
+        k: 100 * max(np.mean([r["ref"][m] for r in rs]) for m in ("source_svm", "target_svm"))
+        for k, rs in by_shift.items()
+    }
+    lines = [
+        f"max(source SVM, target SVM), mean over {len(by_shift)} shifts: "
+        f"{np.mean(list(best.values())):.2f}\n",
+        "| rule | mean | worst shift | shifts lost | fits | picks |",
+        "|---|---:|---:|---|---:|---|",
+    ]
+    for name, (default, alts, signal) in RULES.items():
+        means, lost, picks = [], [], {}
+        for k, rs in by_shift.items():
+            chosen = [pick(r, default, alts, signal) for r in rs]
+            acc = 100 * np.array([r["acc"][c] for r, c in zip(rs, chosen, strict=True)])
+            means.append(acc.mean())
+            if acc.mean() - best[k] < -acc.std(ddof=1) / np.sqrt(acc.size):
+                lost.append(f"{k} {acc.mean() - best[k]:+.1f}")
+            for c in chosen:
+                picks[c] = picks.get(c, 0) + 1
+        worst = min(m - best[k] for m, k in zip(means, by_shift, strict=True))
+        fits = 1 + GROUPS * (1 + len(alts)) if alts else 1
+        lines.append(
+            f"| {name} | {np.mean(means):.2f} | {worst:+.1f} | {len(lost)}: {', '.join(lost)} "
+            f"| {fits} | {', '.join(f'{c} {n}' for c, n in sorted(picks.items()))} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--splits", type=int, default=20)
+    ap.add_argument("--source-per-class", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    data_dir = str(args.data.resolve())
+    vary = {"source_per_class": args.source_per_class} if args.source_per_class else None
+    jobs = jobs_for(list(DATASETS), data_dir, [1], args.splits, [vary])
+    t0 = time.perf_counter()
+    with Pool(args.workers) as workers:
+        records = workers.starmap(collect, [(j, data_dir, SEEDS["dev"]) for j in jobs])
+    command = f"python benchmarks/bench_one_label_dev.py --data DIR --splits {args.splits}"
+    if args.source_per_class:
+        command += f" --source-per-class {args.source_per_class}"
+    meta = {
+        "command": command,
+        "machine": f"{platform.machine()}, {args.workers} processes, 1 BLAS thread each",
+        "wall_s": time.perf_counter() - t0,
+        "split_set": f"dev (seed {SEEDS['dev']}), 1 labelled target per class",
+    }
+    stem = "one_label_dev" + (f"_source_{args.source_per_class}" if args.source_per_class else "")
+    out = Path(__file__).parent / "results" / stem
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "records": records}))
+    text = f"# `{command}` ({len(jobs)} splits, {meta['wall_s']:.0f} s)\n\n{summary(records)}\n"
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
