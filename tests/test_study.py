@@ -821,3 +821,67 @@ def test_an_auto_trials_key_holds_the_rules_version(monkeypatch):
     before = trial_key(rule, 3, "all"), trial_key(plain, 3)
     monkeypatch.setattr(auto, "AUTO_RULE", "auto-next")
     assert trial_key(rule, 3, "all") != before[0] and trial_key(plain, 3) == before[1]
+
+
+ONE_METHOD = """
+[study]
+name = "redone"
+seed = 1
+[data]
+store = "store.zarr"
+space = "f"
+pairs = [["cam_a", "cam_b"]]
+[splits]
+protocol = "half"
+n_splits = 2
+samples_per_class = [3]
+[[methods]]
+label = "targetSVM"
+method = "target_svm"
+"""
+
+
+@pytest.mark.mlflow
+def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sqlite):
+    """A store re-ingested with other data under the same path: the old plan is refused;
+    drawn again as the error says, the old data's results neither count as done nor enter
+    the report or MLflow's trial runs. They are kept aside (results/other_data/<fp>) and
+    the superseded MLflow run keeps its metrics under the role ``superseded``."""
+    from mmdtl2_dist.store.feature_store import FeatureStore
+    from mmdtl2_dist.study.plan import PlanError
+
+    make_store(tmp_path / "store.zarr", seed=0)
+    (tmp_path / "spec.toml").write_text(ONE_METHOD)
+    spec = load_spec(tmp_path / "spec.toml", output=tmp_path / "out")
+    uri, out = mlflow_sqlite["tracking_uri"], tmp_path / "out"
+    run_study(spec, executor="local", tracking_uri=uri, progress=False)
+    (key,) = [t.key for t in spec.trials()]
+    old = json.loads((out / "results" / f"{key}.json").read_text())
+    old_fp = FeatureStore.open(tmp_path / "store.zarr").fingerprint
+    assert old["data_fingerprint"] == old_fp
+
+    make_store(tmp_path / "store.zarr", seed=5, shift=3.0)  # other features, same path
+    with pytest.raises(PlanError, match="other data"):
+        run_study(spec, executor="local", tracking_uri=uri, progress=False)
+    (out / "plan.json").unlink()
+    (out / "plan.npz").unlink()
+    resume_study(out, executor="local", tracking_uri=uri, progress=False)
+
+    new = json.loads((out / "results" / f"{key}.json").read_text())
+    new_fp = FeatureStore.open(tmp_path / "store.zarr").fingerprint
+    assert new["data_fingerprint"] == new_fp != old_fp
+    assert new["units"] != old["units"]
+    kept = json.loads((out / "results" / "other_data" / old_fp / f"{key}.json").read_text())
+    assert kept == old
+    table = _table(out)
+    assert table["mean"].iloc[0] == pytest.approx(100 * new["accuracy"])
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("mmdtl2-redone").experiment_id])
+    roles = {}
+    for r in runs:
+        roles.setdefault(r.data.tags.get("mmdtl2_role"), []).append(r)
+    (trial,), (gone,) = roles["trial"], roles["superseded"]
+    assert trial.data.tags["data_fingerprint"] == new_fp
+    assert gone.data.tags["data_fingerprint"] == old_fp
+    assert trial.data.metrics["accuracy"] == pytest.approx(new["accuracy"])

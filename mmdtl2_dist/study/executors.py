@@ -26,6 +26,7 @@ To add an executor, write a class with the methods of :class:`Executor` and name
 from __future__ import annotations
 
 import importlib
+import json
 import multiprocessing
 import os
 import signal
@@ -82,6 +83,32 @@ def missing_trials(output, trials: list) -> list:
     """The trials of ``trials`` with no result file in the study folder ``output``."""
     results = Path(output) / "results"
     return [t for t in trials if not (results / f"{t.key}.json").exists()]
+
+
+def set_aside_other_data(output, data_fingerprint: str) -> int:
+    """Move result files computed from other data than ``data_fingerprint`` aside.
+
+    A store re-ingested with other content under the same path gets a new plan (the old
+    one names the old store's fingerprint and is refused); the trials' result files of
+    the old data would otherwise count as done and enter the report. They go to
+    ``results/other_data/<their fingerprint>/``, nothing deleted, and their trials run
+    again. Returns how many were moved. Files without a fingerprint are kept.
+    """
+    results = Path(output) / "results"
+    moved = 0
+    for path in sorted(results.glob("*.json")) if results.is_dir() else ():
+        try:
+            theirs = json.loads(path.read_text()).get("data_fingerprint")
+        except (OSError, ValueError):
+            continue  # unreadable: the report names it
+        if theirs is None or theirs == data_fingerprint:
+            continue
+        name = str(theirs) if str(theirs).isalnum() else "unnamed"
+        aside = results / "other_data" / name
+        aside.mkdir(parents=True, exist_ok=True)
+        os.replace(path, aside / path.name)
+        moved += 1
+    return moved
 
 
 def make_executor(name: str, *, address: str | None, num_cpus: int | None) -> Executor:

@@ -424,7 +424,11 @@ def study_plan(
     if plan.spec_fingerprint != spec.fingerprint():
         raise plan_error(path, "it was drawn for another spec")
     if plan.data_fingerprint != FeatureStore.open(store).fingerprint:
-        raise plan_error(path, f"it was drawn from other data than the store {store}")
+        raise plan_error(
+            path,
+            f"it was drawn from other data than the store {store} (drawn again, it sets the "
+            "old data's trial results aside in results/other_data and runs those trials again)",
+        )
     if any(p.store != str(store) for p in plan.pairs) or not named <= set(grams.values()):
         raise plan_error(path, "it names a store or Gram stores other than this study's")
     return plan

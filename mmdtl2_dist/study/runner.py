@@ -44,6 +44,7 @@ from mmdtl2_dist.study.executors import (
     default_executor,
     make_executor,
     missing_trials,
+    set_aside_other_data,
 )
 from mmdtl2_dist.study.interrupt import reclaim_signals, stop_on_signals
 from mmdtl2_dist.study.plan import (
@@ -270,6 +271,13 @@ def _run_started(
     _write_state(spec, {"grams": provenance})
     plan_path = spec.output / PLAN_FILE
     plan = study_plan(spec, store, split_file, grams, plan_path)
+    moved = set_aside_other_data(spec.output, plan.data_fingerprint)
+    if moved:
+        say(
+            progress,
+            f"study: {moved} trial results from other data than {store} moved to "
+            f"{spec.output / 'results' / 'other_data'}; those trials run again",
+        )
     trials = spec.trials()
     n_units = sum(len(p.splits) for p in plan.pairs)
     tracker, sink = _tracking(spec, plan, provenance, tracking_uri, track, progress)

@@ -250,6 +250,22 @@ class StudyTracker:
             if any(r.info.status == "FINISHED" for r in runs)
         }
 
+    def _same_data(self, runs: list, tags: dict[str, str]) -> list:
+        """The runs of ``runs`` logged from the data of ``tags``; the others are retagged.
+
+        A run of the same trial on other data (a store re-ingested under the same path)
+        is kept, with the role ``superseded``, so that no search for the study's trials
+        finds it again.
+        """
+        fp = tags.get("data_fingerprint")
+        same = []
+        for r in runs:
+            if fp is None or r.data.tags.get("data_fingerprint", fp) == fp:
+                same.append(r)
+            else:
+                self.client.set_tag(r.info.run_id, ROLE_TAG, "superseded")
+        return same
+
     def log_trial(self, payload: dict, tags: dict[str, str]) -> str:
         """Log one trial as a child run, unless a FINISHED run already holds it.
 
@@ -259,7 +275,7 @@ class StudyTracker:
             The run id (existing or new).
         """
         key = payload["key"]
-        existing = self.trial_runs().get(key, [])
+        existing = self._same_data(self.trial_runs().get(key, []), tags)
         done = [r for r in existing if r.info.status == "FINISHED"]
         if done:
             return done[0].info.run_id

@@ -21,6 +21,7 @@ reuses its actors), so a Gram is read once per worker, not once per trial.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,9 +48,18 @@ INFO_KEYS = (
 )
 
 
-@lru_cache(maxsize=4)
 def load_plan(path: str) -> StudyPlan:
-    """Read and check a plan (cached per process; see :mod:`mmdtl2_dist.study.plan`)."""
+    """Read and check a plan (see :mod:`mmdtl2_dist.study.plan`), cached per process.
+
+    Cached while ``path`` is the same file: a plan drawn again under the same path (a new
+    file, renamed into place) is read again, by this driver too.
+    """
+    st = os.stat(path)
+    return _read_plan_once(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _read_plan_once(path: str, inode: int, mtime_ns: int, size: int) -> StudyPlan:
     return read_plan(path)
 
 
@@ -391,8 +401,9 @@ def trial_payload(plan: StudyPlan, trial: dict, results: list[dict], timing: dic
         The trial (:meth:`TrialSpec.to_dict`), ``units`` (per-unit results), ``accuracy``
         and ``accuracy_std`` over units, and ``timing``: ``wall_s`` (the trial, start to
         end), ``t_start``/``t_end`` (epoch seconds, for the study's slot accounting) and
-        ``cpus`` (processes that worked on it); and the sums ``solver_s`` (the units'
-        method fits, CV included) and ``slice_s`` (Gram loading and slicing).
+        ``cpus`` (processes that worked on it); the sums ``solver_s`` (the units'
+        method fits, CV included) and ``slice_s`` (Gram loading and slicing); and the
+        ``data_fingerprint`` of the store its plan was drawn from.
     """
     units = [(p.name, s.index) for p in plan.pairs for s in p.splits]
     order = {u: k for k, u in enumerate(units)}
@@ -409,6 +420,7 @@ def trial_payload(plan: StudyPlan, trial: dict, results: list[dict], timing: dic
         "t_start": timing["t_start"],
         "t_end": timing["t_end"],
         "cpus": timing["cpus"],
+        "data_fingerprint": plan.data_fingerprint,
     }
 
 
