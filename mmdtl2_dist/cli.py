@@ -27,6 +27,10 @@ COMMAND_MODULES = [
 ]
 
 
+#: What an interrupted command leaves, for the commands that write nothing half-done.
+INTERRUPTED = "nothing half-written was kept; run the command again."
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmdtl2",
@@ -38,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for p in sub.choices.values():  # what a Ctrl-C leaves, unless the command says more
+        if p.get_default("interrupted") is None:
+            p.set_defaults(interrupted=INTERRUPTED)
     return parser
 
 
@@ -49,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C (the commands with more to say, study and office, say it themselves):
+        # one line on what is kept, the shell's status for SIGINT.
+        print(f"mmdtl2 {args.command}: interrupted; {args.interrupted}", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError) as exc:
         # User errors: one clear line, no traceback.
         print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)

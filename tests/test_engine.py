@@ -359,6 +359,53 @@ def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
     _close(after.to_numpy(), _numpy_gram(data))
 
 
+_CLI_DRIVER = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{repo!r}, {tests!r}]
+    from mmdtl2_dist.cli import main
+    from slow_tiles import slow_gram_tiles
+    with slow_gram_tiles({probe!r}, 60):
+        sys.exit(main(["gram", {store!r}, "--out", {out!r}, "--tile-rows", "8",
+                       "--num-cpus", "1", "--quiet"]))
+    """
+)
+
+
+@pytest.mark.ray
+def test_ctrl_c_of_mmdtl2_gram_says_what_is_kept_and_exits_130(tmp_path):
+    """A real SIGINT of a running ``mmdtl2 gram``: one line saying that the finished tiles
+    are kept and the same command resumes, no traceback, the shell's status 130."""
+    _store(tmp_path / "st", {"a": 24}, 16, chunk_rows=8)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    script = tmp_path / "driver.py"
+    script.write_text(
+        _CLI_DRIVER.format(
+            repo=str(REPO), tests=str(REPO / "tests"), store=str(tmp_path / "st"),
+            out=str(tmp_path / "g"), probe=str(probe),
+        )
+    )  # fmt: skip
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and not any(probe.iterdir()):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)  # a tile is running: the driver waits on Ray
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+    assert proc.returncode == 130, err[-3000:]
+    assert "mmdtl2 gram: interrupted; its finished tiles are kept" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
 @pytest.mark.ray
 def test_corrupt_feature_chunk_is_reported(ray_local, tmp_path):
     _store(tmp_path / "st", {"a": 32}, 20, chunk_rows=8)

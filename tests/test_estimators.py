@@ -413,7 +413,9 @@ def test_select_by_grid_name():
     assert {r["params"]["c_f"] for r in m.selection_} == {10.0}
     best = min(m.selection_, key=lambda r: r["cv_hinge"])["params"]
     assert m.selected_params_ == {"prior": "identity", "prior_weight": best["prior_weight"]}
-    with pytest.raises(ValueError, match="unknown select grid 'prior'.*prior_weight"):
+    with pytest.raises(
+        ValueError, match="unknown select 'prior'.*select='auto' is the recommended.*prior_weight"
+    ):
         MMDTL2(select="prior").fit_domains(Xs, ys, Xt, yt)
 
 

@@ -118,4 +118,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="discard an unfinished extraction of other inputs for this store",
     )
     add_store_output_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(
+        func=run, interrupted="its finished shards are kept: the same command resumes from them."
+    )

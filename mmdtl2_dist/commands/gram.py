@@ -157,4 +157,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
     add_progress_option(p)
-    p.set_defaults(func=run)
+    p.set_defaults(
+        func=run, interrupted="its finished tiles are kept: the same command resumes from them."
+    )

@@ -130,4 +130,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--chunk-rows", type=int, help="rows per chunk (default 256, >= 1 MB)")
     add_store_output_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(
+        func=run,
+        interrupted=(
+            "nothing was written (a store is put in place only when complete); "
+            "run the command again."
+        ),
+    )

@@ -205,8 +205,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         if isinstance(select, str):
             if select not in NAMED_GRIDS:
                 raise ValueError(
-                    f"unknown select grid {select!r}; name one of {sorted(NAMED_GRIDS)} "
-                    "or pass a list of parameter dicts."
+                    f"unknown select {select!r}: select='auto' is the recommended "
+                    f"configuration; a named grid is one of {sorted(NAMED_GRIDS)}, or pass a "
+                    "list of parameter dicts."
                 )
             select = [dict(g) for g in NAMED_GRIDS[select]]
             if self.prior == "matrix":  # the weight of the user's map, not of the identity
