@@ -310,3 +310,28 @@ def test_cli_ingest_with_progress(tmp_path, sample, monkeypatch, capsys):
     with pytest.raises(ValueError, match="DEVICE:SPACE:PATH"):
         args = parser.parse_args(["ingest", str(tmp_path / "st2"), "-i", "a:x.npy"])
         args.func(args)
+
+
+@pytest.mark.parametrize("column", ["Label", "class", "target"])
+def test_a_label_column_under_another_name_is_refused_not_ingested_as_a_feature(
+    tmp_path, capsys, sample, column
+):
+    """Labels in a column not named label/labels/y would become one more feature and every
+    sample unlabelled, found only when a study has no labelled sample: refused, naming
+    the column and --labels-key; with it, the labels are read. The CLI prints per device
+    how many samples are labelled, and names a device without any."""
+    X, y, _, _ = sample
+    table = pd.DataFrame(X, columns=[f"f{j}" for j in range(L)])
+    table[column] = y
+    table.to_csv(tmp_path / "x.csv", index=False)
+    table.drop(columns=column).to_csv(tmp_path / "u.csv", index=False)
+    rc = main(["ingest", str(tmp_path / "st"), "-i", f"a:s:{tmp_path / 'x.csv'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"column {column!r} looks like the labels" in err
+    assert f"--labels-key {column!r}" in err and not (tmp_path / "st").exists()
+    args = ["ingest", str(tmp_path / "st"), "-i", f"a:s:{tmp_path / 'x.csv'}"]
+    assert main([*args, "--labels-key", column, "--dtype", X.dtype.name]) == 0
+    _check(tmp_path / "st", X, y)
+    assert f"a: {N} samples, {N} labelled (3 classes)" in capsys.readouterr().out
+    assert main(["ingest", str(tmp_path / "u"), "-i", f"b:s:{tmp_path / 'u.csv'}"]) == 0
+    assert f"b: {N} samples, 0 labelled (0 classes); no label column" in capsys.readouterr().out

@@ -70,7 +70,27 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(f"{fs}\nfingerprint {fs.fingerprint}")
+        for line in labelled_counts(fs):
+            print(line)
     return 0
+
+
+def labelled_counts(fs) -> list[str]:
+    """Per device: samples, labelled samples and classes; a device without labels named."""
+    import numpy as np
+
+    meta, out = fs.metadata, []
+    for device in fs.devices:
+        y = meta.loc[meta["device"] == device, "label"].to_numpy()
+        lab = y[y >= 0]
+        line = f"{device}: {len(y)} samples, {len(lab)} labelled ({len(np.unique(lab))} classes)"
+        if not len(lab):
+            line += (
+                "; no label column or variable was found (or every label is -1): pass "
+                "--labels-key NAME if it has labels"
+            )
+        out.append(line)
+    return out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -11,7 +11,9 @@ Supported inputs (rows = samples):
   ``n x L`` matrix gives ``n`` samples (use ``transpose=True`` for ``L x n`` data).
 - ``.csv`` and ``.parquet``: one row per sample; the metadata columns (``label``,
   ``class_name``, ``group``, ``sample_id`` or the names given) are taken out and every
-  other column is a feature, in file order. A Parquet list column can hold the whole
+  other column is a feature, in file order. Without a label column, a column whose name
+  means labels to a user (``Label``, ``class``, ``target``: ``sources.LABEL_LIKE``) is
+  refused rather than read as a feature, with every sample unlabelled. A Parquet list column can hold the whole
   feature vector instead. A CSV's first row names the columns unless all its fields are
   numbers: then it is a sample (a file without a header; its columns are all features,
   metadata comes from a side table). A first row ``0,1,...,L-1`` is ambiguous (pandas

@@ -28,6 +28,23 @@ class IngestError(ValueError):
     """An input file is malformed or inconsistent (the message names the file and the fix)."""
 
 
+#: Column names that mean labels to a user but are not read as labels: without a label
+#: column they would silently become a feature, and every sample unlabelled.
+LABEL_LIKE = ("label", "labels", "class", "classes", "target", "targets", "y", "labs")
+
+
+def _refuse_label_like_columns(path, names) -> None:
+    """Refuse a table whose labels would be ingested as a feature column."""
+    like = [c for c in names if str(c).strip().lower() in LABEL_LIKE]
+    if like:
+        raise IngestError(
+            f"{path}: column {like[0]!r} looks like the labels, but labels are read from a "
+            f"column named one of {list(DEFAULT_KEYS['label'])}; as it is, it would be "
+            f"ingested as a feature and every sample left unlabelled. Pass --labels-key "
+            f"{like[0]!r} (labels_key= in Python), or rename the column."
+        )
+
+
 class Source:
     """A readable input: shape, dtype, row blocks and metadata columns."""
 
@@ -88,6 +105,8 @@ class TableSource(Source):
             cands = [want] if want else [c for c in DEFAULT_KEYS[field] if c in names]
             if cands:
                 meta_cols[field] = cands[0]
+        if "label" not in meta_cols:
+            _refuse_label_like_columns(path, names)
         self.meta_cols = meta_cols
         self.list_col = None
         if kind == "parquet":
