@@ -13,12 +13,13 @@ Supported inputs (rows = samples):
   ``class_name``, ``group``, ``sample_id`` or the names given) are taken out and every
   other column is a feature, in file order. Without a label column, a column whose name
   means labels to a user (``Label``, ``class``, ``target``: ``sources.LABEL_LIKE``) is
-  refused rather than read as a feature, with every sample unlabelled. A Parquet list column can hold the whole
-  feature vector instead. A CSV's first row names the columns unless all its fields are
-  numbers: then it is a sample (a file without a header; its columns are all features,
-  metadata comes from a side table). A first row ``0,1,...,L-1`` is ambiguous (pandas
-  writes it for unnamed columns) and needs ``header=True`` or ``False``
-  (``--header`` / ``--no-header``); so every row of the file is a sample in the store.
+  refused rather than read as a feature, with every sample unlabelled. A Parquet list
+  column can hold the whole feature vector instead. A CSV's first row names the columns
+  unless all its fields are numbers: then it is a sample (a file without a header; its
+  columns are all features, metadata comes from a side table). A first row ``0,1,...,L-1``
+  is ambiguous (pandas writes it for unnamed columns) and needs ``header=True`` or
+  ``False`` (``--header`` / ``--no-header``); so every row of the file is a sample in the
+  store.
 - A CSV's row index is never a feature. pandas' ``to_csv`` writes the frame's index as
   a first column by default (``index=True``): with a header row its name is empty (pandas
   reads it back as ``Unnamed: 0``), without one its values are ``0..n-1``. Such a first
