@@ -276,6 +276,10 @@ def test_register_default_is_the_auto_rule_with_the_unlabelled_targets(tmp_path)
         Xt_unlabelled=Xt[39:],
     )  # fmt: skip
     assert json.loads(tags["auto_choice"])["pick"] == est.auto_["pick"]
+    # The method and parameters recorded are the fitted model's: the rule's pick.
+    method = "target_svm" if est.auto_["pick"] == "O" else "mmdtl2"
+    assert tags["method"] == method and f"Method {method}, parameters" in mv.description
+    assert json.loads(tags["params"]).items() >= est.auto_["params"].items()
     # 13 labels per class: many, so no self-training (the 6 unlabelled shaped the prior)
     assert tags["auto_pseudo_labelled"] == str(est.auto_["pseudo_labelled"]) == "0"
     assert "without self-training" in mv.description

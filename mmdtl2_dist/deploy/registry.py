@@ -183,12 +183,31 @@ def _tag(v) -> str:
     return s[:MAX_TAG]
 
 
+def deployed_method_and_params(cfg, fitted) -> tuple[str, dict]:
+    """The core method and the full parameters of the model that was fitted.
+
+    The configuration's own unless ``select="auto"`` chose: then its pick, e.g. the target
+    SVM (``c_t = 1``, the configuration's solver settings) or MMDTL2 with the rule's prior,
+    weight and ``c_f`` over the configuration's other parameters.
+    """
+    if not fitted.auto:
+        return cfg.method, fitted.full_params
+    from mmdtl2_dist.core.auto import TARGET_SVM_KEYS
+
+    a = fitted.auto
+    if a["method"] == "target_svm":
+        kept = {k: v for k, v in fitted.full_params.items() if k in TARGET_SVM_KEYS}
+        return a["method"], {**kept, **a["params"]}
+    return a["method"], {**fitted.full_params, **a["params"]}
+
+
 def version_tags(handle, cfg, fitted) -> dict[str, str]:
     """What a model version records about its training (all strings)."""
     from mmdtl2_dist.store.feature_store import FeatureStore, extraction_tags
     from mmdtl2_dist.study.tracking import code_version
 
     spec = handle.spec
+    method, params = deployed_method_and_params(cfg, fitted)
     tags = {
         **extraction_tags(FeatureStore.open(handle.store).provenance),
         "study": spec.name,
@@ -201,8 +220,8 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
         "source_space": spec.source_space,
         "target_space": spec.target_space,
         "preprocessing": spec.preprocessing,
-        "method": cfg.method,
-        "params": fitted.full_params,
+        "method": method,
+        "params": params,
         "selected_by": cfg.selected_by,
         "n_train_source": str(fitted.n_source),
         "n_train_target": str(fitted.n_target),
@@ -233,14 +252,15 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
 def version_description(handle, cfg, fitted) -> str:
     """A few sentences for the model version's description."""
     spec = handle.spec
-    p = json.dumps(fitted.full_params, sort_keys=True, default=str)
+    method, params = deployed_method_and_params(cfg, fitted)
+    p = json.dumps(params, sort_keys=True, default=str)
     s = (
         f"MMDTL2 adapter {fitted.source} ({spec.source_space}) -> {fitted.target} "
         f"({spec.target_space}), {len(fitted.class_names)} classes, "
         f"{fitted.estimator.adapter_.n_features} target features, preprocessing "
         f"{spec.preprocessing}. Fitted on all {fitted.n_source} source and {fitted.n_target} "
         f"target labelled samples of study {spec.name!r} (store fingerprint "
-        f"{fitted.store_fingerprint}). Method {cfg.method}, parameters {p}"
+        f"{fitted.store_fingerprint}). Method {method}, parameters {p}"
     )
     if fitted.n_unlabelled_target:
         s += f", with {fitted.n_unlabelled_target} unlabelled target samples"
