@@ -205,3 +205,15 @@ def test_bar_plot_legend_covers_no_bar():
     bars = [p.get_window_extent() for p in ax.patches]
     assert bars and not any(legend.overlaps(b) for b in bars)
     assert not legend.overlaps(ax.get_window_extent())
+
+
+def test_caption_names_only_the_reference_columns_the_table_has():
+    from mmdtl2_dist.study.report import caption
+
+    both = caption(20, "source SVM", "target SVM")
+    assert "`**`/`*` better than source SVM, `++`/`+` better than target SVM." in both
+    one = caption(4, None, "target SVM")
+    assert one.endswith("p < 0.01/0.05: `++`/`+` better than target SVM.") and "`**`" not in one
+    assert (
+        caption(4, None, None) == "Accuracy (%): mean ± standard deviation over 4 splits (ddof=1)."
+    )

@@ -215,12 +215,13 @@ def pair_tables(
 
 def caption(n_splits: int, ref_source: str | None, ref_target: str | None) -> str:
     """The line that says what a table's cells are: the spread and the t-test marks."""
-    return (
-        f"Accuracy (%): mean ± standard deviation over {n_splits} splits (ddof=1). "
-        "One-tailed Welch t-test: `**`/`*` better than "
-        f"{ref_source or '(no source SVM column)'} at p < 0.01/0.05, `++`/`+` better than "
-        f"{ref_target or '(no target SVM column)'}."
-    )
+    marks = [
+        f"{m} better than {ref}"
+        for m, ref in (("`**`/`*`", ref_source), ("`++`/`+`", ref_target))
+        if ref
+    ]
+    tests = f" One-tailed Welch t-test at p < 0.01/0.05: {', '.join(marks)}." if marks else ""
+    return f"Accuracy (%): mean ± standard deviation over {n_splits} splits (ddof=1).{tests}"
 
 
 def _cell(r) -> str:

@@ -363,11 +363,13 @@ def _run_trials(
     todo = sorted(missing, key=lambda t: _COST_RANK.get(t.config.method, 9))
     if max_trials is not None:
         todo = todo[:max_trials]
-    if not todo:
-        return
     if len(missing) < len(trials):
-        say(progress, f"study: {len(trials) - len(missing)} trials already done, kept")
-    executor.run(spec, str(plan_path), todo, sink)
+        say(
+            progress,
+            f"study: {len(trials) - len(missing)} of {len(trials)} trials already done, kept",
+        )
+    if todo:
+        executor.run(spec, str(plan_path), todo, sink)
 
 
 def _code_version() -> str:
