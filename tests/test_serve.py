@@ -285,3 +285,19 @@ def _raw_status(port: int, data: bytes) -> int:
             pass  # the server answered and closed while the body was still coming
         answer = sock.recv(4096)
     return int(answer.split(b" ", 2)[1])
+
+
+def test_mmdtl2_serve_on_a_port_in_use_names_it_before_downloading(tmp_path, capsys):
+    """A port another process holds: a clear error and exit 2, before the model is even
+    looked up (uvicorn would start, then exit 3 with "Address already in use")."""
+    from mmdtl2_dist.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        uri = f"sqlite:///{tmp_path / 'none.db'}"
+        rc = main(["serve", "--model", "models:/x/1", "--port", str(port), "--tracking-uri", uri])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"cannot serve on 127.0.0.1:{port}" in err and "--port" in err
+    assert not (tmp_path / "none.db").exists()

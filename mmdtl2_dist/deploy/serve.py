@@ -245,6 +245,26 @@ def check_settings(limits: Limits, workers: int, limit_concurrency: int) -> None
         raise ValueError(f"--timeout must be positive, got {limits.timeout}.")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse, before the model is downloaded, a port another server holds.
+
+    uvicorn would start, fail to bind, and exit 3 with "Address already in use".
+    """
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"cannot serve on {host}:{port}: {exc.strerror}. Another server (a running "
+                "`mmdtl2 serve` or `mlflow models serve`?) may hold the port: stop it, or "
+                "pass another --port."
+            ) from None
+
+
 def serve(
     model_uri: str,
     *,
@@ -270,6 +290,7 @@ def serve(
 
     limits = Limits(max_bytes, timeout, max_rows)
     check_settings(limits, workers, limit_concurrency)
+    check_port_free(host, port)
     with tempfile.TemporaryDirectory(prefix="mmdtl2-serve-") as tmp:
         path = download_registered_model(model_uri, tracking_uri, tmp)
         config = Model.load(path).flavors.get("python_function", {}).get("config") or {}
