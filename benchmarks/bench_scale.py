@@ -574,6 +574,7 @@ def wstep_problem(K: int, M: int, *, L: int = 800, per_class_source: int = 20, s
         similarity_weights,
         transfer_operators,
         wstep_dual,
+        wstep_hessian,
     )
     from mmdtl2_dist.core.svm import one_vs_rest
 
@@ -588,7 +589,8 @@ def wstep_problem(K: int, M: int, *, L: int = 800, per_class_source: int = 20, s
     s_m = S.sum(axis=0)
     ops = transfer_operators(Xh @ Xh.T, s_m, p.c_f)
     R_c = np.vstack([S, -np.diag(s_m)])
-    H, f = wstep_dual(Kz, fit.beta, fit.b, one_vs_rest(yt, K), R_c, ops.G, N)
+    TT, f = wstep_dual(Kz, fit.beta, fit.b, one_vs_rest(yt, K), R_c, ops.G, N)
+    H = wstep_hessian(TT, ops.G, one_vs_rest(yt, K))
     return H, f, p.c_t
 
 

@@ -124,6 +124,32 @@ def svm_hessian(Kv, yd):  # pragma: no cover - compiled
     return H
 
 
+@njit(cache=True, nogil=True)
+def kron_hessian(A, B, s):  # pragma: no cover - compiled
+    """``Hs = diag(s) (Ā ⊗ B̄) diag(s)`` in one pass, ``Ā``, ``B̄`` the symmetric parts.
+
+    The Jacobi-scaled Hessian of the W-step dual (``A = ΘᵀΘ``, ``B = G``, ``s = y ⊙ d``,
+    class-major: row ``k M + m``). One ``(KM)²`` array and nothing else of that size:
+    ``np.kron``, the sign and scale products and the symmetrisation would each make
+    another. Exactly symmetric, as ``Ā_kl B̄_mn`` and ``s_i s_j`` are computed once per
+    pair.
+    """
+    K, M = A.shape[0], B.shape[0]
+    H = np.empty((K * M, K * M))
+    for k in range(K):
+        for l in range(k, K):
+            a = 0.5 * (A[k, l] + A[l, k])
+            for m in range(M):
+                i = k * M + m
+                n0 = m if l == k else 0
+                for n in range(n0, M):
+                    j = l * M + n
+                    v = a * (0.5 * (B[m, n] + B[n, m])) * (s[i] * s[j])
+                    H[i, j] = v
+                    H[j, i] = v
+    return H
+
+
 def _residual(x, g, lb, ub):
     return float(np.max(np.abs(x - np.clip(x - g, lb, ub)), initial=0.0))
 

@@ -57,10 +57,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from mmdtl2_dist.core.dcd import kron_hessian
 from mmdtl2_dist.core.errors import QPSolveError
 from mmdtl2_dist.core.params import WEIGHT_ADVICE, check_values
 from mmdtl2_dist.core.preprocessing import SCALE_FIX, check_scale
-from mmdtl2_dist.core.qp import QPResult, solve_box_qp
+from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_prescaled_box_qp
 from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 from mmdtl2_dist.core.threads import one_thread
 
@@ -197,11 +198,12 @@ def wstep_dual(
     G: np.ndarray,
     N: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Assemble the W-step dual QP (paper Corollary 1, with the prior offset).
+    """The W-step dual QP (paper Corollary 1, with the prior offset): ``(ΘᵀΘ, f)``.
 
-    Returns ``(H, f)`` of ``min ½ aᵀHa − fᵀa`` (the negated dual), where
+    The QP is ``min ½ aᵀHa − fᵀa``, ``0 ≤ a ≤ c_t`` (the negated dual), where
 
-    - ``H = Y ((ΘᵀΘ) ⊗ G) Y`` with ``ΘᵀΘ = βᵀ Kz β``,
+    - ``H = Y ((ΘᵀΘ) ⊗ G) Y`` with ``ΘᵀΘ = βᵀ Kz β`` (:func:`wstep_hessian`; it has
+      ``(KM)²`` entries, so it is built once, scaled, where it is solved),
     - ``f = 1 − Y b̃ − Y vec(Θᵀ R G)``, ``ΘᵀR = βᵀ Kz R_c``,
       ``b̃_km = b_k + θ_kᵀ u_m = b_k + (βᵀ Kz E_u)_km``,
     - ``Y = diag(vec(Yt))``, ``a`` class-major: ``a[k*M + m] = a_km``.
@@ -228,9 +230,20 @@ def wstep_dual(
     ThR = KzB.T @ R_c  # ΘᵀR (K, M)
     b_tilde = b[:, None] + KzB[N:, :].T  # (K, M)
     y = Yt.ravel()
-    H = np.kron(TT, G) * np.outer(y, y)
     f = 1.0 - y * b_tilde.ravel() - y * (ThR @ G).ravel()
-    return H, f
+    return TT, f
+
+
+def wstep_hessian(TT: np.ndarray, G: np.ndarray, Yt: np.ndarray, d: np.ndarray | None = None):
+    """``H = Y ((ΘᵀΘ) ⊗ G) Y`` of the W-step dual, scaled to ``D H D`` when ``d`` is given.
+
+    Symmetric by construction (:func:`~mmdtl2_dist.core.dcd.kron_hessian`).
+    """
+    s = Yt.ravel().astype(np.float64)
+    return kron_hessian(
+        np.ascontiguousarray(TT, dtype=np.float64), np.ascontiguousarray(G, dtype=np.float64),
+        s if d is None else s * d,
+    )  # fmt: skip
 
 
 def solve_wstep(
@@ -240,10 +253,19 @@ def solve_wstep(
 
     ``KzRc = Kz R_c`` (constant over the alternation) may be passed to save an
     ``(N+M)² M`` product; ``Kz Γ`` and ``Kz Ω`` then come from ``Kz β`` at ``O((N+M) K M)``.
+    The QP's Hessian is the one array of ``(KM)²`` entries: built Jacobi-scaled in one
+    pass (``diag H = diag(ΘᵀΘ) ⊗ diag(G)``), it is what bounds the memory of a fit with
+    many classes and labelled targets.
     """
     K, M = Yt.shape
-    H, f = wstep_dual(Kz, beta, b, Yt, R_c, ops.G, N)
-    qp = solve_box_qp(H, f, 0.0, params.c_t, solver=params.qp_solver, tol=params.qp_tol, x0=a0)
+    TT, f = wstep_dual(Kz, beta, b, Yt, R_c, ops.G, N)
+    if not (np.all(np.isfinite(TT)) and np.all(np.isfinite(ops.G)) and np.all(np.isfinite(f))):
+        raise ValueError("the W-step QP has NaN or Inf coefficients; check the input features.")
+    d = jacobi_scale(np.kron(np.diag(TT), np.diag(ops.G)))
+    qp = solve_prescaled_box_qp(
+        wstep_hessian(TT, ops.G, Yt, d), f, d, 0.0, params.c_t, solver=params.qp_solver,
+        tol=params.qp_tol, x0=a0,
+    )  # fmt: skip
     YA = Yt * qp.x.reshape(K, M)  # (Υ ⊙ Λ)ᵀ
     Gamma = R_c + beta @ YA
     E_u = np.zeros((N + M, M))

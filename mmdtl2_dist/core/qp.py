@@ -51,6 +51,7 @@ __all__ = [
     "QPSolveError",
     "kkt_residual",
     "solve_box_qp",
+    "solve_prescaled_box_qp",
     "solve_scaled_box_qp",
 ]
 
@@ -210,6 +211,37 @@ def solve_box_qp(
     return QPResult(
         x, r.status, r.solver, r.kkt_residual, r.iterations, obj, time.perf_counter() - t0
     )
+
+
+def solve_prescaled_box_qp(
+    Hs: np.ndarray,
+    f: np.ndarray,
+    d: np.ndarray,
+    lb: np.ndarray | float,
+    ub: np.ndarray | float,
+    *,
+    solver: str = "dcd",
+    tol: float = 1e-8,
+    x0: np.ndarray | None = None,
+) -> QPResult:
+    """:func:`solve_box_qp` for a caller that assembled the scaled Hessian itself.
+
+    ``Hs = D H D`` with ``d = jacobi_scale(diag(H))``, symmetric and finite; ``f``,
+    ``lb``, ``ub`` and ``x0`` in the original variables, as is the result. The SVM-step
+    and the W-step build ``Hs`` in one compiled pass
+    (:func:`~mmdtl2_dist.core.dcd.svm_hessian`, :func:`~mmdtl2_dist.core.dcd.kron_hessian`)
+    instead of the several dense temporaries of ``H`` this front end would make.
+    """
+    t0 = time.perf_counter()
+    r = solve_scaled_box_qp(
+        Hs, f * d, lb / d, ub / d, solver=solver, tol=tol,
+        y0=None if x0 is None else np.asarray(x0, dtype=np.float64) / d,
+    )  # fmt: skip
+    x = np.clip(r.x * d, lb, ub)
+    return QPResult(
+        x, r.status, r.solver, r.kkt_residual, r.iterations, r.objective,
+        time.perf_counter() - t0,
+    )  # fmt: skip
 
 
 def jacobi_scale(diag: np.ndarray) -> np.ndarray:

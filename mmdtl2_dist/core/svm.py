@@ -3,19 +3,18 @@
 Used by the MMDTL2 alternation (:mod:`mmdtl2_dist.core.mmdtl2`, on source samples and
 transformed targets), by MMDT's explicit form and by the source and target SVM baselines
 (:mod:`mmdtl2_dist.core.mmdt`, :mod:`mmdtl2_dist.core.methods`). Each class's dual is a
-box QP solved by :func:`mmdtl2_dist.core.qp.solve_scaled_box_qp`, its Jacobi-scaled
+box QP solved by :func:`mmdtl2_dist.core.qp.solve_prescaled_box_qp`, its Jacobi-scaled
 Hessian assembled in one compiled pass (:func:`mmdtl2_dist.core.dcd.svm_hessian`).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from mmdtl2_dist.core.dcd import svm_hessian
-from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_scaled_box_qp
+from mmdtl2_dist.core.qp import jacobi_scale, solve_prescaled_box_qp
 
 
 def one_vs_rest(y: np.ndarray, K: int) -> np.ndarray:
@@ -81,16 +80,9 @@ def svm_step(
             coef[:, 1] = -coef[:, 0]
             qps.append(qps[0])
             continue
-        t0 = time.perf_counter()
-        # Jacobi-scaled as in solve_box_qp, the scaled Hessian built in one compiled pass.
-        r = solve_scaled_box_qp(
-            svm_hessian(Kv, y * d), d, 0.0, cost / d, solver=solver, tol=tol,
-            y0=None if alpha0 is None else alpha0[k] / d,
-        )  # fmt: skip
-        alpha = np.clip(r.x * d, 0.0, cost)
-        res = QPResult(
-            alpha, r.status, r.solver, r.kkt_residual, r.iterations, r.objective,
-            time.perf_counter() - t0,
+        res = solve_prescaled_box_qp(
+            svm_hessian(Kv, y * d), np.ones(n), d, 0.0, cost, solver=solver, tol=tol,
+            x0=None if alpha0 is None else alpha0[k],
         )  # fmt: skip
         coef[:, k] = res.x * y
         qps.append(res)
