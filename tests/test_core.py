@@ -710,3 +710,19 @@ def test_thread_limit_held_across_concurrent_fits_and_released_after():
     assert res["after"] == res["before"] == [min(2, os.cpu_count() or 1)]
     assert res["during"] and all(s == [1] for s in res["during"]), res
     assert res["later"] and all(s == [1] for s in res["later"]), res
+
+
+def test_a_w_step_too_large_for_memory_is_refused_with_its_size(monkeypatch):
+    """(K M)² float64 entries beyond the available memory: a clear error naming the
+    classes, the labelled targets and the gigabytes, not the kernel's kill mid-fit."""
+    import mmdtl2_dist.core.mmdtl2 as mm
+    from mmdtl2_dist.estimators import MMDTL2
+
+    K, M = 3, 9
+    _, ys, yt, Xs, Xt = _problem(5, K, 15, M, 4, 4)
+    monkeypatch.setattr(mm, "SMALL_WSTEP_BYTES", 0)
+    monkeypatch.setattr(mm, "available_bytes", lambda: 8 * (K * M) ** 2 - 1)
+    with pytest.raises(ValueError, match=r"3 classes x 9 labelled target samples = 27 dual"):
+        MMDTL2().fit_domains(Xs, ys, Xt, yt)
+    monkeypatch.setattr(mm, "available_bytes", lambda: 8 * (K * M) ** 2)
+    MMDTL2().fit_domains(Xs, ys, Xt, yt)

@@ -246,6 +246,36 @@ def wstep_hessian(TT: np.ndarray, G: np.ndarray, Yt: np.ndarray, d: np.ndarray |
     )  # fmt: skip
 
 
+#: W-step Hessians up to this size are built without asking the system for its memory.
+SMALL_WSTEP_BYTES = 1 << 28
+
+
+def available_bytes() -> int:
+    """Memory this process can still have without swapping (psutil's ``available``)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def check_wstep_fits(K: int, M: int) -> None:
+    """Refuse a W-step whose Hessian (``(K M)²`` float64) would not fit in memory.
+
+    The kernel would otherwise kill the process (or the study's worker) mid-fit.
+    """
+    need = 8 * (K * M) ** 2
+    if need <= SMALL_WSTEP_BYTES:
+        return
+    have = available_bytes()
+    if need > have:
+        raise ValueError(
+            f"the W-step QP of this fit has {K} classes x {M} labelled target samples = "
+            f"{K * M:,} dual variables, and its Hessian needs {need / 1e9:.1f} GB, more than "
+            f"the {have / 1e9:.1f} GB available. Fit with fewer labelled target samples per "
+            "class (select='auto' self-trains with as many again, twice as many on a hard "
+            "shift with at most 3 labels a class), or on a machine with more memory."
+        )
+
+
 def solve_wstep(
     Kz, beta, b, Yt, R_c, ops: TransferOperators, N, params: MMDTL2Params, a0=None, KzRc=None
 ):
@@ -258,6 +288,7 @@ def solve_wstep(
     many classes and labelled targets.
     """
     K, M = Yt.shape
+    check_wstep_fits(K, M)
     TT, f = wstep_dual(Kz, beta, b, Yt, R_c, ops.G, N)
     if not (np.all(np.isfinite(TT)) and np.all(np.isfinite(ops.G)) and np.all(np.isfinite(f))):
         raise ValueError("the W-step QP has NaN or Inf coefficients; check the input features.")
