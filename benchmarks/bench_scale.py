@@ -573,10 +573,9 @@ def wstep_problem(K: int, M: int, *, L: int = 800, per_class_source: int = 20, s
         fit_mmdtl2_gram,
         similarity_weights,
         transfer_operators,
-        wstep_dual,
-        wstep_hessian,
     )
     from mmdtl2_dist.core.svm import one_vs_rest
+    from mmdtl2_dist.core.wstep import wstep_dual, wstep_hessian
 
     N = per_class_source * K
     Xs, ys, Xt, yt, _, _ = scale_data(L, N, M, K, seed, **OVERLAPPING)

@@ -21,12 +21,12 @@ from mmdtl2_dist.core.mmdtl2 import (
     MMDTL2Params,
     fit_mmdtl2_gram,
     similarity_weights,
-    solve_wstep,
     transfer_operators,
 )
 from mmdtl2_dist.core.qp import QPSolveError, solve_box_qp
 from mmdtl2_dist.core.reference import augment, fit_mmdtl2_features, wstep_primal
 from mmdtl2_dist.core.svm import one_vs_rest
+from mmdtl2_dist.core.wstep import solve_wstep
 
 
 def _problem(seed, K, N, M, Ls, Lt):
@@ -715,7 +715,7 @@ def test_thread_limit_held_across_concurrent_fits_and_released_after():
 def test_a_w_step_too_large_for_memory_is_refused_with_its_size(monkeypatch):
     """(K M)² float64 entries beyond the available memory: a clear error naming the
     classes, the labelled targets and the gigabytes, not the kernel's kill mid-fit."""
-    import mmdtl2_dist.core.mmdtl2 as mm
+    import mmdtl2_dist.core.wstep as mm
     from mmdtl2_dist.estimators import MMDTL2
 
     K, M = 3, 9

@@ -198,7 +198,7 @@ def test_office_rbf_wstep_solved_exactly_by_coordinate_descent(monkeypatch):
     """The first W-step of an RBF MMDTL2 fit on Office-Caltech10 (webcam → dslr, split 0),
     on which a primal-dual active-set method cycles: coordinate descent with polishing
     solves it at the interior-point optimum, exactly."""
-    import mmdtl2_dist.core.mmdtl2 as mm
+    import mmdtl2_dist.core.wstep as mm
     from mmdtl2_dist.core.methods import GramProblem, fit_predict
     from mmdtl2_dist.core.preprocessing import fit_preprocessing
     from mmdtl2_dist.datasets.office_caltech import load_domain, load_hoffman_splits

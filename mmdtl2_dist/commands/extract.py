@@ -17,6 +17,9 @@ import argparse
 
 from mmdtl2_dist.commands import add_store_output_options, progress_choice
 
+#: What a Ctrl-C leaves (printed by the CLI).
+INTERRUPTED = "its finished shards are kept: the same command resumes from them."
+
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
@@ -118,6 +121,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="discard an unfinished extraction of other inputs for this store",
     )
     add_store_output_options(p)
-    p.set_defaults(
-        func=run, interrupted="its finished shards are kept: the same command resumes from them."
-    )
+    p.set_defaults(func=run, interrupted=INTERRUPTED)

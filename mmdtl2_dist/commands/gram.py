@@ -30,6 +30,9 @@ from mmdtl2_dist.engine.plan import DEFAULT_TASK_MEMORY_MB
 from mmdtl2_dist.engine.products import PRECISIONS
 from mmdtl2_dist.store.feature_store import FeatureStore
 
+#: What a Ctrl-C leaves (printed by the CLI).
+INTERRUPTED = "its finished tiles are kept: the same command resumes from them."
+
 
 def run(args: argparse.Namespace) -> int:
     space = args.space
@@ -157,6 +160,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
     add_progress_option(p)
-    p.set_defaults(
-        func=run, interrupted="its finished tiles are kept: the same command resumes from them."
-    )
+    p.set_defaults(func=run, interrupted=INTERRUPTED)

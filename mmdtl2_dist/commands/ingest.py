@@ -18,6 +18,11 @@ import argparse
 from mmdtl2_dist.commands import add_store_output_options, progress_choice
 from mmdtl2_dist.store.ingest import FORMATS, IngestInput, ingest
 
+#: What a Ctrl-C leaves (printed by the CLI).
+INTERRUPTED = (
+    "nothing was written (a store is put in place only when complete); run the command again."
+)
+
 
 def _split_input(text: str) -> tuple[str, str, str]:
     parts = text.split(":", 2)
@@ -150,10 +155,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--chunk-rows", type=int, help="rows per chunk (default 256, >= 1 MB)")
     add_store_output_options(p)
-    p.set_defaults(
-        func=run,
-        interrupted=(
-            "nothing was written (a store is put in place only when complete); "
-            "run the command again."
-        ),
-    )
+    p.set_defaults(func=run, interrupted=INTERRUPTED)

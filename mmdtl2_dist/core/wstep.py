@@ -1,0 +1,157 @@
+"""The W-step of MMDTL2 on Gram matrices: its dual QP (paper Corollary 1), solved.
+
+The notation is that of :mod:`mmdtl2_dist.core.mmdtl2`, whose alternation calls
+:func:`solve_wstep`. The dual has one variable per class and labelled target sample, so
+its Hessian, ``(K M)²`` float64 entries, is what bounds the memory of a fit with many
+classes and labelled targets: it is built once, Jacobi-scaled, in one compiled pass
+(:func:`~mmdtl2_dist.core.dcd.kron_hessian`), and refused with its size when it would not
+fit in the available memory (:func:`check_wstep_fits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mmdtl2_dist.core.dcd import kron_hessian
+from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_prescaled_box_qp
+
+if TYPE_CHECKING:
+    from mmdtl2_dist.core.mmdtl2 import MMDTL2Params, TransferOperators
+
+
+@dataclass
+class WStepResult:
+    """Dual solution of one W-step.
+
+    ``a`` (K·M,), ``Gamma`` (N+M, M), ``Omega`` (N+M, M), and the products ``Kz Γ`` and
+    ``Kz Ω`` that the rest of the alternation needs.
+    """
+
+    a: np.ndarray
+    Gamma: np.ndarray
+    Omega: np.ndarray
+    qp: QPResult
+    KzGamma: np.ndarray | None = None
+    KzOmega: np.ndarray | None = None
+
+
+def wstep_dual(
+    Kz: np.ndarray,
+    beta: np.ndarray,
+    b: np.ndarray,
+    Yt: np.ndarray,
+    R_c: np.ndarray,
+    G: np.ndarray,
+    N: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The W-step dual QP (paper Corollary 1, with the prior offset): ``(ΘᵀΘ, f)``.
+
+    The QP is ``min ½ aᵀHa − fᵀa``, ``0 ≤ a ≤ c_t`` (the negated dual), where
+
+    - ``H = Y ((ΘᵀΘ) ⊗ G) Y`` with ``ΘᵀΘ = βᵀ Kz β`` (:func:`wstep_hessian`; it has
+      ``(KM)²`` entries, so it is built once, scaled, where it is solved),
+    - ``f = 1 − Y b̃ − Y vec(Θᵀ R G)``, ``ΘᵀR = βᵀ Kz R_c``,
+      ``b̃_km = b_k + θ_kᵀ u_m = b_k + (βᵀ Kz E_u)_km``,
+    - ``Y = diag(vec(Yt))``, ``a`` class-major: ``a[k*M + m] = a_km``.
+
+    Parameters
+    ----------
+    Kz : ndarray (N+M, N+M)
+        Gram of ``Z = [Xs, U]``.
+    beta : ndarray (N+M, K)
+        Hyperplanes as coefficients on ``Z``.
+    b : ndarray (K,)
+        Biases.
+    Yt : ndarray (K, M)
+        One-vs-rest labels of the target samples.
+    R_c : ndarray (N+M, M)
+        ``[S; −S_M]``.
+    G : ndarray (M, M)
+        From :func:`transfer_operators`.
+    N : int
+        Number of source samples.
+    """
+    KzB = Kz @ beta  # (N+M, K)
+    TT = beta.T @ KzB  # ΘᵀΘ
+    ThR = KzB.T @ R_c  # ΘᵀR (K, M)
+    b_tilde = b[:, None] + KzB[N:, :].T  # (K, M)
+    y = Yt.ravel()
+    f = 1.0 - y * b_tilde.ravel() - y * (ThR @ G).ravel()
+    return TT, f
+
+
+def wstep_hessian(TT: np.ndarray, G: np.ndarray, Yt: np.ndarray, d: np.ndarray | None = None):
+    """``H = Y ((ΘᵀΘ) ⊗ G) Y`` of the W-step dual, scaled to ``D H D`` when ``d`` is given.
+
+    Symmetric by construction (:func:`~mmdtl2_dist.core.dcd.kron_hessian`).
+    """
+    s = Yt.ravel().astype(np.float64)
+    return kron_hessian(
+        np.ascontiguousarray(TT, dtype=np.float64), np.ascontiguousarray(G, dtype=np.float64),
+        s if d is None else s * d,
+    )  # fmt: skip
+
+
+#: W-step Hessians up to this size are built without asking the system for its memory.
+SMALL_WSTEP_BYTES = 1 << 28
+
+
+def available_bytes() -> int:
+    """Memory this process can still have without swapping (psutil's ``available``)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def check_wstep_fits(K: int, M: int) -> None:
+    """Refuse a W-step whose Hessian (``(K M)²`` float64) would not fit in memory.
+
+    The kernel would otherwise kill the process (or the study's worker) mid-fit.
+    """
+    need = 8 * (K * M) ** 2
+    if need <= SMALL_WSTEP_BYTES:
+        return
+    have = available_bytes()
+    if need > have:
+        raise ValueError(
+            f"the W-step QP of this fit has {K} classes x {M} labelled target samples = "
+            f"{K * M:,} dual variables, and its Hessian needs {need / 1e9:.1f} GB, more than "
+            f"the {have / 1e9:.1f} GB available. Fit with fewer labelled target samples per "
+            "class (select='auto' self-trains with as many again, twice as many on a hard "
+            "shift with at most 3 labels a class), or on a machine with more memory."
+        )
+
+
+def solve_wstep(
+    Kz, beta, b, Yt, R_c, ops: TransferOperators, N, params: MMDTL2Params, a0=None, KzRc=None
+):
+    """Solve the W-step dual and return ``Γ`` and the transformed-target coefficients ``Ω``.
+
+    ``KzRc = Kz R_c`` (constant over the alternation) may be passed to save an
+    ``(N+M)² M`` product; ``Kz Γ`` and ``Kz Ω`` then come from ``Kz β`` at ``O((N+M) K M)``.
+    The QP's Hessian is the one array of ``(KM)²`` entries: built Jacobi-scaled in one
+    pass (``diag H = diag(ΘᵀΘ) ⊗ diag(G)``), it is what bounds the memory of a fit with
+    many classes and labelled targets.
+    """
+    K, M = Yt.shape
+    check_wstep_fits(K, M)
+    TT, f = wstep_dual(Kz, beta, b, Yt, R_c, ops.G, N)
+    if not (np.all(np.isfinite(TT)) and np.all(np.isfinite(ops.G)) and np.all(np.isfinite(f))):
+        raise ValueError("the W-step QP has NaN or Inf coefficients; check the input features.")
+    d = jacobi_scale(np.kron(np.diag(TT), np.diag(ops.G)))
+    qp = solve_prescaled_box_qp(
+        wstep_hessian(TT, ops.G, Yt, d), f, d, 0.0, params.c_t, solver=params.qp_solver,
+        tol=params.qp_tol, x0=a0,
+    )  # fmt: skip
+    YA = Yt * qp.x.reshape(K, M)  # (Υ ⊙ Λ)ᵀ
+    Gamma = R_c + beta @ YA
+    E_u = np.zeros((N + M, M))
+    E_u[N:, :] = np.eye(M)
+    Omega = E_u + Gamma @ ops.G
+    KzRc = Kz @ R_c if KzRc is None else KzRc
+    KzGamma = KzRc + (Kz @ beta) @ YA
+    KzOmega = Kz[:, N:] + KzGamma @ ops.G
+    return WStepResult(qp.x, Gamma, Omega, qp, KzGamma, KzOmega)
