@@ -1,4 +1,4 @@
-"""MMDTL2 on Gram matrices: the W-step dual, the SVM-step, the alternation, prediction.
+"""MMDTL2 on Gram matrices: the problem, the SVM-step, the alternation, prediction.
 
 Notation, equation, lemma and corollary numbers follow Tamaki et al. (the paper: *Domain
 Adaptation with L2 constraints for classifying images from different endoscope systems*).
@@ -23,7 +23,8 @@ and ``b̃_km = b_k + θ_kᵀ W0 x̂_m``, giving the dual
     max_a −½ aᵀ Y ((ΘᵀΘ) ⊗ G) Y a + (1 − Y b̃ − Y vec(Θᵀ R G))ᵀ a,  0 ≤ a ≤ c_t,
 
 with ``R = Xs S − W0 X̂t S_M`` (paper: ``R = Xs S``), class-major ``a`` and row-major vec,
-and the retrieval (paper Corollary 2) ``Δ = (R + Θ (Υ ⊙ Λ)ᵀ) X̂tᵀ A⁻¹``.
+and the retrieval (paper Corollary 2) ``Δ = (R + Θ (Υ ⊙ Λ)ᵀ) X̂tᵀ A⁻¹``; that dual is
+assembled and solved in :mod:`mmdtl2_dist.core.wstep`.
 
 Everything on Gram matrices
 ---------------------------
