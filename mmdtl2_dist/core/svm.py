@@ -45,7 +45,12 @@ def svm_step(
     For each class k the dual of ``min ½(‖θ‖² + b²) + Σ_i c_i max(0, 1 − y_i(θᵀv_i + b))``
     is the box QP ``min ½ αᵀ (Y (Kv + 1) Y) α − 1ᵀα``, ``0 ≤ α ≤ c``: the bias is a
     constant feature of value 1 (as liblinear does), so there is no equality constraint.
-    Then ``θ = Σ α_i y_i v_i`` and ``b = Σ α_i y_i``.
+    Then ``θ = Σ α_i y_i v_i`` and ``b = Σ α_i y_i``. It is solved in the signed variables
+    ``β = Y α`` (the coefficients): ``min ½ βᵀ (Kv + 1) β − yᵀβ`` with ``β_i`` between 0
+    and ``y_i c_i``, whose Hessian is the same for every class, so it is built (scaled)
+    once per call instead of once per class. ``y_i = ±1`` makes the two problems exact
+    mirrors: every step of the solvers on one is the other's with signs flipped, which
+    IEEE rounding preserves, so ``α`` is the same to the bit.
 
     Parameters
     ----------
@@ -74,6 +79,7 @@ def svm_step(
     # the same QP (Hessian Y Kb Y unchanged), so α is shared and coef, b change sign.
     mirrored = K == 2 and np.array_equal(Y[1], -Y[0])
     d = jacobi_scale(np.diag(Kv) + 1.0)
+    Hs = svm_hessian(Kv, d)  # the scaled Hessian of every class's signed dual
     for k in range(K):
         y = Y[k]
         if mirrored and k == 1:
@@ -81,9 +87,10 @@ def svm_step(
             qps.append(qps[0])
             continue
         res = solve_prescaled_box_qp(
-            svm_hessian(Kv, y * d), np.ones(n), d, 0.0, cost, solver=solver, tol=tol,
-            x0=None if alpha0 is None else alpha0[k],
+            Hs, y, d, np.minimum(0.0, y * cost), np.maximum(0.0, y * cost), solver=solver,
+            tol=tol, x0=None if alpha0 is None else alpha0[k] * y,
         )  # fmt: skip
-        coef[:, k] = res.x * y
+        coef[:, k] = res.x
+        res.x = res.x * y  # α, as the callers read it
         qps.append(res)
     return SVMStepResult(coef, coef.sum(axis=0), qps)
