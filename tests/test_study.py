@@ -838,6 +838,9 @@ samples_per_class = [3]
 [[methods]]
 label = "targetSVM"
 method = "target_svm"
+[[methods]]
+label = "sourceSVM"
+method = "source_svm"
 """
 
 
@@ -845,8 +848,10 @@ method = "target_svm"
 def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sqlite):
     """A store re-ingested with other data under the same path: the old plan is refused;
     drawn again as the error says, the old data's results neither count as done nor enter
-    the report or MLflow's trial runs. They are kept aside (results/other_data/<fp>) and
-    the superseded MLflow run keeps its metrics under the role ``superseded``."""
+    the report or MLflow's trial runs. They are kept aside (results/other_data/<fp>, or
+    other_data/unknown for a result written before results carried the fingerprint) and
+    the superseded MLflow runs keep their metrics under the role ``superseded``, from the
+    first run on the new data, even one that runs no trial."""
     from mmdtl2_dist.store.feature_store import FeatureStore
     from mmdtl2_dist.study.plan import PlanError
 
@@ -855,33 +860,41 @@ def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sq
     spec = load_spec(tmp_path / "spec.toml", output=tmp_path / "out")
     uri, out = mlflow_sqlite["tracking_uri"], tmp_path / "out"
     run_study(spec, executor="local", tracking_uri=uri, progress=False)
-    (key,) = [t.key for t in spec.trials()]
-    old = json.loads((out / "results" / f"{key}.json").read_text())
+    tsvm, ssvm = (t.key for t in spec.trials())
+    old = {k: json.loads((out / "results" / f"{k}.json").read_text()) for k in (tsvm, ssvm)}
     old_fp = FeatureStore.open(tmp_path / "store.zarr").fingerprint
-    assert old["data_fingerprint"] == old_fp
+    assert old[tsvm]["data_fingerprint"] == old_fp
+    legacy = {k: v for k, v in old[ssvm].items() if k != "data_fingerprint"}
+    (out / "results" / f"{ssvm}.json").write_text(json.dumps(legacy))  # an older version's
 
     make_store(tmp_path / "store.zarr", seed=5, shift=3.0)  # other features, same path
     with pytest.raises(PlanError, match="other data"):
         run_study(spec, executor="local", tracking_uri=uri, progress=False)
     (out / "plan.json").unlink()
     (out / "plan.npz").unlink()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("mmdtl2-redone").experiment_id
+
+    def roles():
+        out = {}
+        for r in client.search_runs([exp]):
+            out.setdefault(r.data.tags.get("mmdtl2_role"), []).append(r)
+        return out
+
+    with pytest.raises(ValueError, match="no finished trials"):  # all set aside, none run
+        resume_study(out, executor="local", tracking_uri=uri, progress=False, max_trials=0)
+    assert "trial" not in roles() and len(roles()["superseded"]) == 2
     resume_study(out, executor="local", tracking_uri=uri, progress=False)
 
-    new = json.loads((out / "results" / f"{key}.json").read_text())
     new_fp = FeatureStore.open(tmp_path / "store.zarr").fingerprint
-    assert new["data_fingerprint"] == new_fp != old_fp
-    assert new["units"] != old["units"]
-    kept = json.loads((out / "results" / "other_data" / old_fp / f"{key}.json").read_text())
-    assert kept == old
-    table = _table(out)
-    assert table["mean"].iloc[0] == pytest.approx(100 * new["accuracy"])
-
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("mmdtl2-redone").experiment_id])
-    roles = {}
-    for r in runs:
-        roles.setdefault(r.data.tags.get("mmdtl2_role"), []).append(r)
-    (trial,), (gone,) = roles["trial"], roles["superseded"]
-    assert trial.data.tags["data_fingerprint"] == new_fp
-    assert gone.data.tags["data_fingerprint"] == old_fp
-    assert trial.data.metrics["accuracy"] == pytest.approx(new["accuracy"])
+    aside = out / "results" / "other_data"
+    assert json.loads((aside / old_fp / f"{tsvm}.json").read_text()) == old[tsvm]
+    assert json.loads((aside / "unknown" / f"{ssvm}.json").read_text()) == legacy
+    table = _table(out).set_index("label")
+    for key, label in ((tsvm, "targetSVM"), (ssvm, "sourceSVM")):
+        new = json.loads((out / "results" / f"{key}.json").read_text())
+        assert new["data_fingerprint"] == new_fp != old_fp and new["units"] != old[key]["units"]
+        assert table.loc[label, "mean"] == pytest.approx(100 * new["accuracy"])
+    trials, gone = roles()["trial"], roles()["superseded"]
+    assert len(trials) == 2 and {r.data.tags["data_fingerprint"] for r in trials} == {new_fp}
+    assert {r.data.tags["data_fingerprint"] for r in gone} == {old_fp}

@@ -162,7 +162,10 @@ def _trial_runs(handle: StudyHandle) -> list:
         ),
         max_results=50_000,
     )
-    return runs
+    from mmdtl2_dist.store.feature_store import FeatureStore
+
+    fp = FeatureStore.open(handle.store).fingerprint  # not the runs of a replaced store
+    return [r for r in runs if r.data.tags.get("data_fingerprint", fp) == fp]
 
 
 def _trials_by_key(handle: StudyHandle) -> dict:

@@ -85,25 +85,29 @@ def missing_trials(output, trials: list) -> list:
     return [t for t in trials if not (results / f"{t.key}.json").exists()]
 
 
-def set_aside_other_data(output, data_fingerprint: str) -> int:
+def set_aside_other_data(output, data_fingerprint: str, *, unknown_too: bool) -> int:
     """Move result files computed from other data than ``data_fingerprint`` aside.
 
     A store re-ingested with other content under the same path gets a new plan (the old
     one names the old store's fingerprint and is refused); the trials' result files of
     the old data would otherwise count as done and enter the report. They go to
     ``results/other_data/<their fingerprint>/``, nothing deleted, and their trials run
-    again. Returns how many were moved. Files without a fingerprint are kept.
+    again. A file without a fingerprint (written before payloads carried one) is set
+    aside too, to ``other_data/unknown/``, when ``unknown_too``: the plan was just drawn,
+    so nothing says which data it came from; under a plan read back and checked against
+    the store it is this data's. Returns how many were moved.
     """
     results = Path(output) / "results"
     moved = 0
     for path in sorted(results.glob("*.json")) if results.is_dir() else ():
         try:
-            theirs = json.loads(path.read_text()).get("data_fingerprint")
+            payload = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # unreadable: the report names it
-        if theirs is None or theirs == data_fingerprint:
+        theirs = payload.get("data_fingerprint") if isinstance(payload, dict) else None
+        if theirs == data_fingerprint or (theirs is None and not unknown_too):
             continue
-        name = str(theirs) if str(theirs).isalnum() else "unnamed"
+        name = str(theirs) if theirs is not None and str(theirs).isalnum() else "unknown"
         aside = results / "other_data" / name
         aside.mkdir(parents=True, exist_ok=True)
         os.replace(path, aside / path.name)

@@ -270,8 +270,9 @@ def _run_started(
     provenance = gram_provenance(grams)
     _write_state(spec, {"grams": provenance})
     plan_path = spec.output / PLAN_FILE
+    drawn = not plan_path.exists()
     plan = study_plan(spec, store, split_file, grams, plan_path)
-    moved = set_aside_other_data(spec.output, plan.data_fingerprint)
+    moved = set_aside_other_data(spec.output, plan.data_fingerprint, unknown_too=drawn)
     if moved:
         say(
             progress,
@@ -315,6 +316,7 @@ def _tracking(
     names = class_names(fs.metadata)
     tcfg = tracker_config(spec, uri, names)
     tracker = _tracker(spec, uri)
+    tracker.supersede_other_data(plan.data_fingerprint)
     tags = {
         "split_seed": str(spec.seed),
         "data_fingerprint": plan.data_fingerprint,

@@ -250,21 +250,22 @@ class StudyTracker:
             if any(r.info.status == "FINISHED" for r in runs)
         }
 
-    def _same_data(self, runs: list, tags: dict[str, str]) -> list:
-        """The runs of ``runs`` logged from the data of ``tags``; the others are retagged.
+    def supersede_other_data(self, data_fingerprint: str) -> int:
+        """Retag the study's trial runs logged from other data ``superseded``; how many.
 
-        A run of the same trial on other data (a store re-ingested under the same path)
-        is kept, with the role ``superseded``, so that no search for the study's trials
-        finds it again.
+        A store re-ingested with other content under the same path: its old runs keep
+        their metrics, and no search for the study's trials (resume, report, register)
+        finds them again. Runs without a data fingerprint are left as they are.
         """
-        fp = tags.get("data_fingerprint")
-        same = []
-        for r in runs:
-            if fp is None or r.data.tags.get("data_fingerprint", fp) == fp:
-                same.append(r)
-            else:
-                self.client.set_tag(r.info.run_id, ROLE_TAG, "superseded")
-        return same
+        stale = [
+            r
+            for runs in self.trial_runs().values()
+            for r in runs
+            if r.data.tags.get("data_fingerprint", data_fingerprint) != data_fingerprint
+        ]
+        for r in stale:
+            self.client.set_tag(r.info.run_id, ROLE_TAG, "superseded")
+        return len(stale)
 
     def log_trial(self, payload: dict, tags: dict[str, str]) -> str:
         """Log one trial as a child run, unless a FINISHED run already holds it.
@@ -275,7 +276,7 @@ class StudyTracker:
             The run id (existing or new).
         """
         key = payload["key"]
-        existing = self._same_data(self.trial_runs().get(key, []), tags)
+        existing = self.trial_runs().get(key, [])
         done = [r for r in existing if r.info.status == "FINISHED"]
         if done:
             return done[0].info.run_id

@@ -21,10 +21,10 @@ reuses its actors), so a Gram is read once per worker, not once per trial.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -51,15 +51,14 @@ INFO_KEYS = (
 def load_plan(path: str) -> StudyPlan:
     """Read and check a plan (see :mod:`mmdtl2_dist.study.plan`), cached per process.
 
-    Cached while ``path`` is the same file: a plan drawn again under the same path (a new
-    file, renamed into place) is read again, by this driver too.
+    Cached by the content of ``plan.json`` (which holds the digest of its arrays): a plan
+    drawn again under the same path is read again, by this driver too.
     """
-    st = os.stat(path)
-    return _read_plan_once(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    return _read_plan_once(str(path), Path(path).read_bytes())
 
 
 @lru_cache(maxsize=4)
-def _read_plan_once(path: str, inode: int, mtime_ns: int, size: int) -> StudyPlan:
+def _read_plan_once(path: str, content: bytes) -> StudyPlan:
     return read_plan(path)
 
 
