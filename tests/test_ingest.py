@@ -335,3 +335,22 @@ def test_a_label_column_under_another_name_is_refused_not_ingested_as_a_feature(
     assert f"a: {N} samples, {N} labelled (3 classes)" in capsys.readouterr().out
     assert main(["ingest", str(tmp_path / "u"), "-i", f"b:s:{tmp_path / 'u.csv'}"]) == 0
     assert f"b: {N} samples, 0 labelled (0 classes); no label column" in capsys.readouterr().out
+
+
+def test_label_like_feature_names_are_fine_with_labels_from_a_side_table(tmp_path, capsys):
+    """A feature column named like labels is refused only when no labels come from
+    anywhere: with a side table holding them it is a feature. A device ingested in two
+    spaces is counted once. A --labels-key missing from the side table is named."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((12, 3))
+    pd.DataFrame(X, columns=["f0", "Target", "f2"]).to_csv(tmp_path / "x.csv", index=False)
+    pd.DataFrame({"label": np.arange(12) % 3}).to_csv(tmp_path / "m.csv", index=False)
+    np.save(tmp_path / "z.npy", X[:, :2])
+    args = ["ingest", str(tmp_path / "st"), "-i", f"a:s:{tmp_path / 'x.csv'}"]
+    args += ["-i", f"a:t:{tmp_path / 'z.npy'}", "--metadata", f"a:{tmp_path / 'm.csv'}"]
+    assert main(args) == 0
+    assert "a: 12 samples, 12 labelled (3 classes)" in capsys.readouterr().out
+    assert FeatureStore.open(tmp_path / "st").shape("a", "s") == (12, 3)
+    bad = ["ingest", str(tmp_path / "st2"), "-i", f"a:s:{tmp_path / 'x.csv'}"]
+    assert main([*bad, "--metadata", f"a:{tmp_path / 'm.csv'}", "--labels-key", "y2"]) == 2
+    assert "no column 'y2' for label" in capsys.readouterr().err

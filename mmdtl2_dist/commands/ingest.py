@@ -81,12 +81,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def labelled_counts(fs) -> list[str]:
-    """Per device: samples, labelled samples and classes; a device without labels named."""
+    """Per device: samples, labelled samples and classes; a device without labels named.
+
+    A device's samples are the rows of one of its spaces (every space holds them all).
+    """
     import numpy as np
 
     meta, out = fs.metadata, []
     for device in fs.devices:
-        y = meta.loc[meta["device"] == device, "label"].to_numpy()
+        rows = meta[meta["device"] == device]
+        y = rows.loc[rows["space"] == rows["space"].iloc[0], "label"].to_numpy()  # one space
         lab = y[y >= 0]
         line = f"{device}: {len(y)} samples, {len(lab)} labelled ({len(np.unique(lab))} classes)"
         if not len(lab):

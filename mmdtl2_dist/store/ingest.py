@@ -53,6 +53,7 @@ from mmdtl2_dist.store.sources import (
     IngestError,
     Source,
     TableSource,
+    refuse_label_like_columns,
 )
 
 __all__ = ["FORMATS", "IngestError", "IngestInput", "ingest"]
@@ -197,6 +198,8 @@ def open_source(inp: IngestInput) -> Source:
         raise IngestError(f"{path}: features must be numeric, got dtype {src.dtype}.")
     if inp.metadata_path:
         src.meta.update(_read_side_table(Path(inp.metadata_path), src.n_rows, keys))
+    if isinstance(src, TableSource) and "label" not in src.meta:
+        refuse_label_like_columns(path, src.feature_cols)
     for field, values in src.meta.items():
         if len(values) != src.n_rows and field != "class_name":  # names may be per class
             raise IngestError(
@@ -256,6 +259,8 @@ def _read_side_table(path: Path, n_rows: int, keys: dict) -> dict:
     out = {}
     for field in META_FIELDS:
         col = keys.get(field) or next((c for c in DEFAULT_KEYS[field] if c in table), None)
+        if col is not None and col not in table:
+            raise IngestError(f"{path}: no column {col!r} for {field}; it has {list(table)}.")
         if col is not None:
             out[field] = table[col].to_numpy()
     if not out:

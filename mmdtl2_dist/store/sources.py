@@ -33,9 +33,12 @@ class IngestError(ValueError):
 LABEL_LIKE = ("label", "labels", "class", "classes", "target", "targets", "y", "labs")
 
 
-def _refuse_label_like_columns(path, names) -> None:
-    """Refuse a table whose labels would be ingested as a feature column."""
-    like = [c for c in names if str(c).strip().lower() in LABEL_LIKE]
+def refuse_label_like_columns(path, feature_cols) -> None:
+    """Refuse a table without labels whose labels would be ingested as a feature column.
+
+    Called when neither the table nor its side table gave labels.
+    """
+    like = [c for c in feature_cols if str(c).strip().lower() in LABEL_LIKE]
     if like:
         raise IngestError(
             f"{path}: column {like[0]!r} looks like the labels, but labels are read from a "
@@ -105,8 +108,6 @@ class TableSource(Source):
             cands = [want] if want else [c for c in DEFAULT_KEYS[field] if c in names]
             if cands:
                 meta_cols[field] = cands[0]
-        if "label" not in meta_cols:
-            _refuse_label_like_columns(path, names)
         self.meta_cols = meta_cols
         self.list_col = None
         if kind == "parquet":
