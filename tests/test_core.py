@@ -726,3 +726,5 @@ def test_a_w_step_too_large_for_memory_is_refused_with_its_size(monkeypatch):
         MMDTL2().fit_domains(Xs, ys, Xt, yt)
     monkeypatch.setattr(mm, "available_bytes", lambda: 8 * (K * M) ** 2)
     MMDTL2().fit_domains(Xs, ys, Xt, yt)
+    with pytest.raises(ValueError, match=r"solving it \(osqp\) needs"):  # OSQP copies it
+        MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)

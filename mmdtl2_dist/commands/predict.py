@@ -17,6 +17,12 @@ import argparse
 import sys
 import time
 
+#: What a Ctrl-C leaves (printed by the CLI).
+INTERRUPTED = (
+    "an -o file is written only when complete; predictions already printed to the "
+    "standard output are incomplete. Run the command again."
+)
+
 
 def run(args: argparse.Namespace) -> int:
     import mlflow
@@ -111,4 +117,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="MLflow tracking/registry URI (default: MLFLOW_TRACKING_URI)",
     )
     p.add_argument("--quiet", action="store_true", help="no summary line on stderr")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, interrupted=INTERRUPTED)

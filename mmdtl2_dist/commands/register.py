@@ -30,6 +30,12 @@ import json
 from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.progress import Progress
 
+#: What a Ctrl-C leaves (printed by the CLI).
+INTERRUPTED = (
+    "a model version may have been registered without its description or alias: check "
+    "the registry (mlflow ui) before running it again, which registers another version."
+)
+
 
 def parse_param(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, true), else a string."""
@@ -160,7 +166,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_target_arguments(p)
     _add_configuration_arguments(p)
     _add_output_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, interrupted=INTERRUPTED)
 
 
 def _add_target_arguments(p: argparse.ArgumentParser) -> None:

@@ -32,6 +32,12 @@ from pathlib import Path
 from mmdtl2_dist.commands import add_progress_option, progress_choice
 from mmdtl2_dist.study.executors import EXECUTORS
 
+#: What a Ctrl-C leaves (printed by the CLI).
+INTERRUPTED = (
+    "finished Gram tiles and trials are kept: `mmdtl2 study resume DIR` (DIR: the study's "
+    "output folder) continues."
+)
+
 
 def _spec_path(arg: str) -> Path:
     """A spec path, or the name of a bundled study (``studies/<name>.toml``)."""
@@ -236,4 +242,4 @@ def register(subparsers) -> None:
         p.print_help()
         return 2
 
-    p.set_defaults(func=_help)
+    p.set_defaults(func=_help, interrupted=INTERRUPTED)

@@ -186,6 +186,11 @@ def rule_params(cand: str, params: Mapping | None) -> dict:
             f"select='auto' chooses {list(RULE_KEYS)} itself; remove {chosen} from the "
             "parameters, or fit a fixed configuration without select='auto'."
         )
+    return picked_params(cand, params)
+
+
+def picked_params(cand: str, params: Mapping | None) -> dict:
+    """:func:`rule_params` over any parameters: the candidate's replace the caller's."""
     c = CANDIDATES[cand]
     if c.method == "target_svm":
         return {**{k: v for k, v in (params or {}).items() if k in TARGET_SVM_KEYS}, **c.params}

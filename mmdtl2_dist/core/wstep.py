@@ -11,6 +11,7 @@ fit in the available memory (:func:`check_wstep_fits`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -100,28 +101,43 @@ SMALL_WSTEP_BYTES = 1 << 28
 
 
 def available_bytes() -> int:
-    """Memory this process can still have without swapping (psutil's ``available``)."""
+    """Memory this process can still have, in bytes.
+
+    The system's available memory (psutil), or less when a cgroup v2 limit (a container,
+    a Ray worker's limit) caps it.
+    """
     import psutil
 
-    return int(psutil.virtual_memory().available)
+    have = int(psutil.virtual_memory().available)
+    try:
+        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return have
+    return have if cap == "max" else min(have, int(cap) - used)
 
 
-def check_wstep_fits(K: int, M: int) -> None:
+#: Dense Hessians a QP solver holds at its peak: coordinate descent works on the one
+#: built; OSQP copies it into a sparse matrix and its upper triangle (about 2.5 more).
+SOLVER_COPIES = {"dcd": 1.0, "osqp": 3.5}
+
+
+def check_wstep_fits(K: int, M: int, solver: str = "dcd") -> None:
     """Refuse a W-step whose Hessian (``(K M)²`` float64) would not fit in memory.
 
     The kernel would otherwise kill the process (or the study's worker) mid-fit.
     """
-    need = 8 * (K * M) ** 2
+    need = int(8 * (K * M) ** 2 * SOLVER_COPIES.get(solver, 1.0))
     if need <= SMALL_WSTEP_BYTES:
         return
     have = available_bytes()
     if need > have:
         raise ValueError(
             f"the W-step QP of this fit has {K} classes x {M} labelled target samples = "
-            f"{K * M:,} dual variables, and its Hessian needs {need / 1e9:.1f} GB, more than "
-            f"the {have / 1e9:.1f} GB available. Fit with fewer labelled target samples per "
-            "class (select='auto' self-trains with as many again, twice as many on a hard "
-            "shift with at most 3 labels a class), or on a machine with more memory."
+            f"{K * M:,} dual variables, and solving it ({solver}) needs {need / 1e9:.1f} GB, "
+            f"more than the {have / 1e9:.1f} GB available. Fit with fewer labelled target "
+            "samples per class (select='auto' self-trains with as many again, twice as many "
+            "on a hard shift with at most 3 labels a class), or on a machine with more memory."
         )
 
 
@@ -137,7 +153,7 @@ def solve_wstep(
     many classes and labelled targets.
     """
     K, M = Yt.shape
-    check_wstep_fits(K, M)
+    check_wstep_fits(K, M, params.qp_solver)
     TT, f = wstep_dual(Kz, beta, b, Yt, R_c, ops.G, N)
     if not (np.all(np.isfinite(TT)) and np.all(np.isfinite(ops.G)) and np.all(np.isfinite(f))):
         raise ValueError("the W-step QP has NaN or Inf coefficients; check the input features.")

@@ -192,13 +192,9 @@ def deployed_method_and_params(cfg, fitted) -> tuple[str, dict]:
     """
     if not fitted.auto:
         return cfg.method, fitted.full_params
-    from mmdtl2_dist.core.auto import TARGET_SVM_KEYS
+    from mmdtl2_dist.core.auto import picked_params
 
-    a = fitted.auto
-    if a["method"] == "target_svm":
-        kept = {k: v for k, v in fitted.full_params.items() if k in TARGET_SVM_KEYS}
-        return a["method"], {**kept, **a["params"]}
-    return a["method"], {**fitted.full_params, **a["params"]}
+    return fitted.auto["method"], picked_params(fitted.auto["pick"], fitted.full_params)
 
 
 def version_tags(handle, cfg, fitted) -> dict[str, str]:
@@ -353,7 +349,8 @@ def _log_and_register(
         run_name=f"register {name}",
         tags={ROLE_TAG: ROLE_REGISTER, STUDY_TAG: handle.spec.name, "registered_model": name},
     ) as run:
-        mlflow.log_params({k: str(v)[:6000] for k, v in fitted.full_params.items()})
+        params = deployed_method_and_params(cfg, fitted)[1]
+        mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
         mlflow.set_tags({k: v for k, v in tags.items() if k not in ("params",)})
         info = log_adapter(
             fitted.estimator.adapter_,

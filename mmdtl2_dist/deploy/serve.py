@@ -250,6 +250,7 @@ def check_port_free(host: str, port: int) -> None:
 
     uvicorn would start, fail to bind, and exit 3 with "Address already in use".
     """
+    import errno
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -258,10 +259,15 @@ def check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
+            hint = (
+                "Another server (a running `mmdtl2 serve` or `mlflow models serve`?) holds "
+                "the port: stop it, or pass another --port."
+                if exc.errno == errno.EADDRINUSE
+                else "Pass a --host of this machine (127.0.0.1 by default) and a --port it "
+                "may bind (ports below 1024 need privileges)."
+            )
             raise ValueError(
-                f"cannot serve on {host}:{port}: {exc.strerror}. Another server (a running "
-                "`mmdtl2 serve` or `mlflow models serve`?) may hold the port: stop it, or "
-                "pass another --port."
+                f"cannot serve on {host}:{port}: {exc.strerror or exc}. {hint}"
             ) from None
 
 
