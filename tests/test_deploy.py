@@ -839,3 +839,28 @@ def test_use_tracking_uri_sets_back_the_uris_in_force(tmp_path):
         [sys.executable, "-c", URIS_SET_BACK, db], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_deployed_method_and_params_name_the_rules_pick():
+    """What a registered select='auto' version records is the pick's model: the target
+    SVM keeps only its c_t and the configuration's solver settings; an MMDTL2 pick
+    replaces the configuration's prior, weight and c_f; without the rule, the
+    configuration's own."""
+    from types import SimpleNamespace
+
+    from mmdtl2_dist.deploy.registry import deployed_method_and_params
+
+    full = {"prior": "zero", "prior_weight": 1.0, "c_f": 0.1, "c_t": 0.1, "qp_tol": 1e-6}
+    cfg = SimpleNamespace(method="mmdtl2")
+    o = SimpleNamespace(full_params=full, auto={"pick": "O", "method": "target_svm"})
+    assert deployed_method_and_params(cfg, o) == ("target_svm", {"c_t": 1.0, "qp_tol": 1e-6})
+    d = SimpleNamespace(full_params=full, auto={"pick": "D", "method": "mmdtl2"})
+    method, params = deployed_method_and_params(cfg, d)
+    assert method == "mmdtl2" and params == {
+        **full,
+        "prior": "matrix",
+        "prior_weight": 0.5,
+        "c_f": 1.0,
+    }
+    fixed = SimpleNamespace(full_params=full, auto=None)
+    assert deployed_method_and_params(cfg, fixed) == ("mmdtl2", full)
