@@ -823,27 +823,6 @@ def test_an_auto_trials_key_holds_the_rules_version(monkeypatch):
     assert trial_key(rule, 3, "all") != before[0] and trial_key(plain, 3) == before[1]
 
 
-ONE_METHOD = """
-[study]
-name = "redone"
-seed = 1
-[data]
-store = "store.zarr"
-space = "f"
-pairs = [["cam_a", "cam_b"]]
-[splits]
-protocol = "half"
-n_splits = 2
-samples_per_class = [3]
-[[methods]]
-label = "targetSVM"
-method = "target_svm"
-[[methods]]
-label = "sourceSVM"
-method = "source_svm"
-"""
-
-
 @pytest.mark.mlflow
 def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sqlite):
     """A store re-ingested with other data under the same path: the old plan is refused;
@@ -856,16 +835,16 @@ def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sq
     from mmdtl2_dist.study.plan import PlanError
 
     make_store(tmp_path / "store.zarr", seed=0)
-    (tmp_path / "spec.toml").write_text(ONE_METHOD)
+    (tmp_path / "spec.toml").write_text(TINY)
     spec = load_spec(tmp_path / "spec.toml", output=tmp_path / "out")
     uri, out = mlflow_sqlite["tracking_uri"], tmp_path / "out"
     run_study(spec, executor="local", tracking_uri=uri, progress=False)
-    tsvm, ssvm = (t.key for t in spec.trials())
-    old = {k: json.loads((out / "results" / f"{k}.json").read_text()) for k in (tsvm, ssvm)}
+    keys = [t.key for t in spec.trials()]
+    old = {k: json.loads((out / "results" / f"{k}.json").read_text()) for k in keys}
     old_fp = FeatureStore.open(tmp_path / "store.zarr").fingerprint
-    assert old[tsvm]["data_fingerprint"] == old_fp
-    legacy = {k: v for k, v in old[ssvm].items() if k != "data_fingerprint"}
-    (out / "results" / f"{ssvm}.json").write_text(json.dumps(legacy))  # an older version's
+    assert {o["data_fingerprint"] for o in old.values()} == {old_fp}
+    legacy = {k: v for k, v in old[keys[0]].items() if k != "data_fingerprint"}
+    (out / "results" / f"{keys[0]}.json").write_text(json.dumps(legacy))  # an older version's
 
     make_store(tmp_path / "store.zarr", seed=5, shift=3.0)  # other features, same path
     with pytest.raises(PlanError, match="other data"):
@@ -873,7 +852,7 @@ def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sq
     (out / "plan.json").unlink()
     (out / "plan.npz").unlink()
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("mmdtl2-redone").experiment_id
+    exp = client.get_experiment_by_name("mmdtl2-tiny2").experiment_id
 
     def roles():
         out = {}
@@ -883,18 +862,22 @@ def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sq
 
     with pytest.raises(ValueError, match="no finished trials"):  # all set aside, none run
         resume_study(out, executor="local", tracking_uri=uri, progress=False, max_trials=0)
-    assert "trial" not in roles() and len(roles()["superseded"]) == 2
+    assert "trial" not in roles() and len(roles()["superseded"]) == len(keys)
     resume_study(out, executor="local", tracking_uri=uri, progress=False)
 
     new_fp = FeatureStore.open(tmp_path / "store.zarr").fingerprint
     aside = out / "results" / "other_data"
-    assert json.loads((aside / old_fp / f"{tsvm}.json").read_text()) == old[tsvm]
-    assert json.loads((aside / "unknown" / f"{ssvm}.json").read_text()) == legacy
-    table = _table(out).set_index("label")
-    for key, label in ((tsvm, "targetSVM"), (ssvm, "sourceSVM")):
+    assert json.loads((aside / "unknown" / f"{keys[0]}.json").read_text()) == legacy
+    for key in keys[1:]:
+        assert json.loads((aside / old_fp / f"{key}.json").read_text()) == old[key]
+    table = _table(out).set_index(["label", "n_per_class"])
+    for key in keys:
         new = json.loads((out / "results" / f"{key}.json").read_text())
         assert new["data_fingerprint"] == new_fp != old_fp and new["units"] != old[key]["units"]
-        assert table.loc[label, "mean"] == pytest.approx(100 * new["accuracy"])
+        cell = table.loc[(new["label"], new["n_per_class"]), "mean"]
+        assert cell == pytest.approx(100 * new["accuracy"])
     trials, gone = roles()["trial"], roles()["superseded"]
-    assert len(trials) == 2 and {r.data.tags["data_fingerprint"] for r in trials} == {new_fp}
+    assert len(trials) == len(keys) and {r.data.tags["data_fingerprint"] for r in trials} == {
+        new_fp
+    }
     assert {r.data.tags["data_fingerprint"] for r in gone} == {old_fp}
