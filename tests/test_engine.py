@@ -359,9 +359,12 @@ def test_stopped_driver_resumes_without_recomputing(ray_local, tmp_path):
     _close(after.to_numpy(), _numpy_gram(data))
 
 
+# SIGINT's handler restored first, as a terminal starts a command: a suite launched in the
+# background ignores SIGINT, and an ignored signal stays ignored across exec.
 _CLI_DRIVER = textwrap.dedent(
     """
-    import sys
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path[:0] = [{repo!r}, {tests!r}]
     from mmdtl2_dist.cli import main
     from slow_tiles import slow_gram_tiles
