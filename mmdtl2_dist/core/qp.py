@@ -202,15 +202,12 @@ def solve_box_qp(
     # steps, the Newton polish and OSQP's step sizes scale-free. Residuals are measured
     # in the scaled variables, so they do not depend on the units of the problem.
     d = jacobi_scale(np.diag(H))
-    y0 = None if x0 is None else np.asarray(x0, dtype=np.float64) / d
-    r = solve_scaled_box_qp(
-        H * np.outer(d, d), f * d, lb / d, ub / d, solver=solver, tol=tol, max_iter=max_iter, y0=y0
+    r = solve_prescaled_box_qp(
+        H * np.outer(d, d), f, d, lb, ub, solver=solver, tol=tol, max_iter=max_iter, x0=x0
     )
-    x = np.clip(r.x * d, lb, ub)
-    obj = float(0.5 * x @ (H @ x) - f @ x)
-    return QPResult(
-        x, r.status, r.solver, r.kkt_residual, r.iterations, obj, time.perf_counter() - t0
-    )
+    r.objective = float(0.5 * r.x @ (H @ r.x) - f @ r.x)  # at the clipped point, unscaled
+    r.time_s = time.perf_counter() - t0
+    return r
 
 
 def solve_prescaled_box_qp(
@@ -222,6 +219,7 @@ def solve_prescaled_box_qp(
     *,
     solver: str = "dcd",
     tol: float = 1e-8,
+    max_iter: int | None = None,
     x0: np.ndarray | None = None,
 ) -> QPResult:
     """:func:`solve_box_qp` for a caller that assembled the scaled Hessian itself.
@@ -234,7 +232,7 @@ def solve_prescaled_box_qp(
     """
     t0 = time.perf_counter()
     r = solve_scaled_box_qp(
-        Hs, f * d, lb / d, ub / d, solver=solver, tol=tol,
+        Hs, f * d, lb / d, ub / d, solver=solver, tol=tol, max_iter=max_iter,
         y0=None if x0 is None else np.asarray(x0, dtype=np.float64) / d,
     )  # fmt: skip
     x = np.clip(r.x * d, lb, ub)
