@@ -357,9 +357,9 @@ def mmdt_explicit_fit(Xs, ys, Xt, yt, K, *, c_s=0.05, c_t=1.0, gamma=1e-4, n_ite
     """MMDT as Hoffman et al.'s reference code runs it, with an explicit ``W`` (L+1)².
 
     An independent reference, not the product: the product's MMDT baselines work on Grams
-    (:mod:`mmdtl2_dist.core.mmdt_hoffman`) or in the paper's form
-    (:mod:`mmdtl2_dist.core.mmdt`); this is the form whose time and memory the paper's
-    Figure 8 reports, with liblinear as the reference calls it.
+    (:mod:`mmdtl2_dist.core.mmdt_hoffman`) or in the paper's form (MMDTL2 with MMDT's
+    settings, :data:`mmdtl2_dist.core.params.MMDT_FIXED`); this is the form whose time
+    and memory the paper's Figure 8 reports, with liblinear as the reference calls it.
 
     Augmented features (a 1 appended, transformed by ``W``); ``W = I`` at first; each of
     ``n_iter`` alternations trains liblinear's default SVM (L2-regularised squared hinge,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mmdt_explicit import fit_mmdt_explicit
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mmdtl2_dist.core.adapter import AdapterState
@@ -224,21 +225,30 @@ def test_skada_pipeline_routes_sample_domain(skada_pipeline):
         skada_pipeline(MMDTL2()).fit(X, y.copy(), sample_domain=sd)
 
 
-def test_mmdtl2_cf1_cd0_equals_mmdt_paper_form():
-    """MMDTL2 (Gram form, C and G) at c_f = 1, c_d = 0 == MMDT with an explicit W."""
+def test_mmdt_gram_form_equals_mmdt_with_an_explicit_w():
+    """MMDT (MMDTL2 in Gram form, C and G, at c_f = 1, c_d = 0) == MMDT's alternation with
+    an explicit W and explicit features (tests/mmdt_explicit.py, no Gram algebra)."""
     Xs, ys, Xt, yt, Xq, _ = make_devices(1, Lt=4)
     kw = dict(c_t=1.0, c_s=0.05, max_iter=3, tol=0.0, qp_tol=1e-10)
     a = MMDT(**kw).fit_domains(Xs, ys, Xt, yt)
-    b = MMDTL2(c_f=1.0, c_d=0.0, **kw).fit_domains(Xs, ys, Xt, yt)
+    classes = np.unique(ys)
+    W, Theta, b, _ = fit_mmdt_explicit(
+        Xs, np.searchsorted(classes, ys), Xt, np.searchsorted(classes, yt), len(classes),
+        c_t=1.0, c_s=0.05, max_iter=3, tol=0.0, qp_tol=1e-10,
+    )  # fmt: skip
+    Xq_h = np.hstack([Xq, np.ones((len(Xq), 1))])
 
     # Same strictly convex sub-problems, solved by different routes (dual box QP on Grams
     # vs an interior-point primal on explicit features, gaps ~1e-8): 1e-5 relative.
     def rel(x, y):
         return np.linalg.norm(x - y) / np.linalg.norm(y)
 
-    assert rel(b.decision_function(Xq), a.decision_function(Xq)) <= 1e-5
-    assert rel(b.transform_matrix(), a.W_) <= 1e-5
-    assert rel(b.transform(Xq), a.transform(Xq)) <= 1e-5
+    assert rel(a.W_, W) <= 1e-5
+    assert rel(a.transform(Xq), Xq_h @ W.T) <= 1e-5
+    assert rel(a.decision_function(Xq), Xq_h @ W.T @ Theta + b) <= 1e-5
+    # the same estimator as MMDTL2 with MMDT's settings, to the bit
+    c = MMDTL2(c_f=1.0, c_d=0.0, **kw).fit_domains(Xs, ys, Xt, yt)
+    np.testing.assert_array_equal(c.decision_function(Xq), a.decision_function(Xq))
 
 
 def test_different_feature_dimensions_and_explicit_w():

@@ -9,8 +9,9 @@ Methods (parameters and their defaults in :mod:`mmdtl2_dist.core.params`):
 - ``source_svm``: one-vs-rest linear SVM on source and labelled target samples together
   (same feature space only; the paper's "source SVM").
 - ``target_svm``: the same on the labelled target samples only.
-- ``mmdt``: MMDT in the paper's form (Problem 2): MMDTL2 with ``c_f = 1``, ``c_d = 0`` and
-  Hoffman et al.'s weights ``c_s = 0.05``, ``c_t = 1``.
+- ``mmdt``: MMDT in the paper's form (Problem 2): MMDTL2 with ``c_f = 1``, ``c_d = 0``,
+  the linear kernel and the zero prior fixed (:data:`~mmdtl2_dist.core.params.MMDT_FIXED`),
+  and Hoffman et al.'s weights ``c_s = 0.05``, ``c_t = 1``.
 - ``mmdt_hoffman``: MMDT as in Hoffman et al.'s reference MATLAB code, see
   :mod:`mmdtl2_dist.core.mmdt_hoffman`.
 - ``mmdtl2``: MMDTL2 (linear, RBF or polynomial target kernel; prior ``zero`` (the paper),
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -37,14 +38,13 @@ from mmdtl2_dist.core.params import (  # DEFAULTS, METHODS: re-exported
     DEFAULTS,
     METHODS,  # noqa: F401
     check_method,
-    check_names,
     check_params,
+    mmdt_as_mmdtl2,
 )
 from mmdtl2_dist.core.preprocessing import check_scale
 from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 from mmdtl2_dist.core.threads import one_thread
 
-_MMDTL2_KEYS = ("c_f", "c_d", "c_t", "c_s", "max_iter", "tol", "qp_solver", "qp_tol")
 #: Methods that need source and target in one feature space (``Kst``, ``Ksq``).
 NEEDS_SHARED_SPACE = {"source_svm", "mmdt_hoffman"}
 #: Methods that need the test × test Gram ``Kqq`` (transductive steps).
@@ -198,10 +198,8 @@ class MethodResult:
 
 
 def _merge(method: str, params: Mapping | None) -> dict:
-    p = default_params(method)
-    check_names(method, params or {})
-    p.update(params or {})
-    return p
+    """The defaults of ``method`` updated by ``params`` (names checked by the caller)."""
+    return {**default_params(method), **(params or {})}
 
 
 def _encode(ys, yt, classes=None):
@@ -271,7 +269,7 @@ def fit_mmdtl2_blocks(p: Mapping, prob: GramProblem):
     :func:`fit_predict` scores with them; the estimator keeps the fit for its adapter.
     """
     classes, ys, yt = _encode(prob.ys, prob.yt)
-    mp = MMDTL2Params(**{k: p[k] for k in _MMDTL2_KEYS})
+    mp = MMDTL2Params(**{f.name: p[f.name] for f in fields(MMDTL2Params)})
     spec, Kt, Kt_new = kernel_blocks(p, prob)
     Kz, Kz_new = prior_blocks(p, prob)
     fit = fit_mmdtl2_gram(Kz, Kt, ys, yt, len(classes), mp, init=p["init"])
@@ -331,8 +329,7 @@ def _fit_predict(method: str, p: dict, prob: GramProblem) -> MethodResult:
         classes, scores, info = fit_predict_mmdt_hoffman(p, prob)
     else:
         if method == "mmdt":
-            p.update(kernel="linear", gamma=None, degree=2, coef0=1.0, prior="zero")
-            p.update(prior_weight=1.0, init="source")
+            p = mmdt_as_mmdtl2(p)
         classes, spec, fit, Kt_new, Kz_new = fit_mmdtl2_blocks(p, prob)
         scores = fit.decision_function(Kt_new, Kz_new)
         info = dict(fit.info)

@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from mmdtl2_dist.core.errors import QPSolveError
-from mmdtl2_dist.core.params import WEIGHT_ADVICE, check_values
+from mmdtl2_dist.core.params import DEFAULTS, WEIGHT_ADVICE, check_values
 from mmdtl2_dist.core.preprocessing import SCALE_FIX, check_scale
 from mmdtl2_dist.core.svm import one_vs_rest, svm_step
 from mmdtl2_dist.core.threads import one_thread
@@ -92,12 +92,12 @@ def hinge_weights_named(params: Mapping):
 
 @dataclass(frozen=True)
 class MMDTL2Params:
-    """Parameters of the alternation.
+    """Parameters of the alternation (defaults: :data:`mmdtl2_dist.core.params.DEFAULTS`).
 
     Attributes
     ----------
     c_f : float
-        Weight of ½‖W − W0‖² (paper default 0.1; 1 with ``c_d = 0`` is MMDT).
+        Weight of ½‖W − W0‖² (the paper's 0.1; 1 with ``c_d = 0`` is MMDT).
     c_d : float
         Weight of the L2 pull between same-class source and transformed target samples.
     c_t : float
@@ -114,14 +114,14 @@ class MMDTL2Params:
         Relative KKT tolerance of every QP.
     """
 
-    c_f: float = 0.1
-    c_d: float = 0.1
-    c_t: float = 0.1
-    c_s: float = 0.1
-    max_iter: int = 20
-    tol: float = 1e-5
-    qp_solver: str = "dcd"
-    qp_tol: float = 1e-8
+    c_f: float = DEFAULTS["mmdtl2"]["c_f"]
+    c_d: float = DEFAULTS["mmdtl2"]["c_d"]
+    c_t: float = DEFAULTS["mmdtl2"]["c_t"]
+    c_s: float = DEFAULTS["mmdtl2"]["c_s"]
+    max_iter: int = DEFAULTS["mmdtl2"]["max_iter"]
+    tol: float = DEFAULTS["mmdtl2"]["tol"]
+    qp_solver: str = DEFAULTS["mmdtl2"]["qp_solver"]
+    qp_tol: float = DEFAULTS["mmdtl2"]["qp_tol"]
 
     def __post_init__(self) -> None:
         check_values(asdict(self))

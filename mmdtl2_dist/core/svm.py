@@ -1,8 +1,9 @@
 """The SVM-step: one-vs-rest linear SVMs with per-sample costs, in the dual, on a Gram.
 
 Used by the MMDTL2 alternation (:mod:`mmdtl2_dist.core.mmdtl2`, on source samples and
-transformed targets), by MMDT's explicit form and by the source and target SVM baselines
-(:mod:`mmdtl2_dist.core.mmdt`, :mod:`mmdtl2_dist.core.methods`). Each class's dual is a
+transformed targets) and by the source and target SVM baselines
+(:mod:`mmdtl2_dist.core.methods`; :func:`linear_svm` on explicit features for the
+estimators). Each class's dual is a
 box QP solved by :func:`mmdtl2_dist.core.qp.solve_prescaled_box_qp`, its Jacobi-scaled
 Hessian assembled in one compiled pass (:func:`mmdtl2_dist.core.dcd.svm_hessian`).
 """
@@ -94,3 +95,20 @@ def svm_step(
         res.x = res.x * y  # α, as the callers read it
         qps.append(res)
     return SVMStepResult(coef, coef.sum(axis=0), qps)
+
+
+def linear_svm(V, y_enc, K, cost, qp_solver="dcd", qp_tol=1e-8):
+    """One-vs-rest linear SVMs on explicit features ``V`` (n, L); returns ``(Θ (L, K), b)``.
+
+    With fewer features than samples (``L + 1 < n``) the dual Hessian ``Y (V Vᵀ + 1) Y`` is
+    singular (rank ``L + 1``) and the primal, with ``L + 1 + n`` variables and an
+    interior-point solver, is the better-conditioned problem; otherwise the dual box QP.
+    Both solve ``min ½(‖θ‖² + b²) + Σ c_i hinge_i`` exactly.
+    """
+    n, L = V.shape
+    if L + 1 < n:
+        from mmdtl2_dist.core.reference import svm_primal
+
+        return svm_primal(V, y_enc, K, cost)
+    res = svm_step(V @ V.T, one_vs_rest(y_enc, K), cost, solver=qp_solver, tol=qp_tol)
+    return V.T @ res.coef, res.b

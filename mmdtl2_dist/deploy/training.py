@@ -369,6 +369,7 @@ def _device_data(fs, device: str, space: str, unlabelled: bool = False):
 
 def _estimator(cfg: ChosenConfig, full: dict, preprocessing: str):
     """The MMDTL2 estimator of a configuration (its grid expanded, or ``"auto"``)."""
+    from mmdtl2_dist.core.params import mmdt_as_mmdtl2
     from mmdtl2_dist.estimators import MMDTL2
     from mmdtl2_dist.study.spec import core_params
 
@@ -379,6 +380,8 @@ def _estimator(cfg: ChosenConfig, full: dict, preprocessing: str):
         from mmdtl2_dist.core.evaluate import expand_grid
 
         select = [core_params(g) for g in expand_grid({}, cfg.select)]
+    if cfg.method == "mmdt":  # MMDTL2 with MMDT's settings, so that it takes unlabelled rows
+        full = mmdt_as_mmdtl2(full)
     est_params = {k: v for k, v in full.items() if k in MMDTL2().get_params()}
     return MMDTL2(**est_params, preprocessing=preprocessing, select=select)
 

@@ -215,7 +215,7 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
 
 class _LinearSVMBase(_AdaptationBase):
     def _fit_svm(self, V, y_enc, cost):
-        from mmdtl2_dist.core.mmdt import linear_svm
+        from mmdtl2_dist.core.svm import linear_svm
 
         with hinge_weights_named(self.get_params(deep=False)):
             Theta, b = linear_svm(V, y_enc, len(self.classes_), cost, self.qp_solver, self.qp_tol)

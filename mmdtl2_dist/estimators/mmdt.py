@@ -1,37 +1,39 @@
-"""MMDT estimators: the paper's form with an explicit ``W``, and Hoffman et al.'s code."""
+"""MMDT estimators: the paper's form (MMDTL2 with MMDT's settings), and Hoffman et al.'s code."""
 
 from __future__ import annotations
 
 import numpy as np
-from sklearn.base import TransformerMixin
-from sklearn.utils.validation import check_is_fitted
 
 from mmdtl2_dist.core.adapter import check_features
 from mmdtl2_dist.core.methods import GramProblem
-from mmdtl2_dist.core.mmdtl2 import hinge_weights_named
-from mmdtl2_dist.core.params import DEFAULTS
+from mmdtl2_dist.core.params import DEFAULTS, mmdt_as_mmdtl2
 from mmdtl2_dist.core.threads import one_thread
 from mmdtl2_dist.estimators.base import MAX_EXPLICIT_W, _AdaptationBase
+from mmdtl2_dist.estimators.mmdtl2 import MMDTL2
 
 # Defaults of the core methods (mmdtl2_dist.core.params), the __init__ defaults.
 _MMDT, _HOFFMAN = DEFAULTS["mmdt"], DEFAULTS["mmdt_hoffman"]
 
 
-class MMDT(TransformerMixin, _AdaptationBase):
-    """MMDT in the paper's form (its Problem 2), with an explicit transform ``W``.
+class MMDT(MMDTL2):
+    """MMDT in the paper's form (its Problem 2): :class:`MMDTL2` with MMDT's settings fixed.
 
     ``min ½‖W‖² + ½‖Θ̂‖² + c_t Σ hinge_t + c_s Σ hinge_s`` by alternation from a
-    source-only SVM (:mod:`mmdtl2_dist.core.mmdt`). Equal to ``MMDTL2(c_f=1, c_d=0)``;
-    kept separate because it forms ``W`` explicitly (small dimensions only).
+    source-only SVM: ``MMDTL2`` with ``c_f = 1``, ``c_d = 0``, the linear kernel and the
+    zero prior (:data:`mmdtl2_dist.core.params.MMDT_FIXED`), on Gram matrices, so ``W``
+    is never formed. ``W_`` is the explicit ``W`` (Ls, Lt + 1) when it has at most
+    ``MAX_EXPLICIT_W`` entries (else None; :meth:`transform` and
+    :meth:`decision_function` never need it).
 
     Parameters
     ----------
     c_t, c_s : float
         Hoffman et al.'s weights 1 and 0.05 by default.
     preprocessing, max_iter, tol, qp_solver, qp_tol
-        As :class:`MMDTL2` (``tol`` on the relative change of ``W``).
+        As :class:`MMDTL2`.
     """
 
+    _uses_unlabelled = False
     _method = "mmdt"
 
     def __init__(
@@ -52,45 +54,16 @@ class MMDT(TransformerMixin, _AdaptationBase):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
-    @one_thread
     def fit_domains(self, Xs, ys, Xt, yt):
         """Fit on source and labelled target samples (dimensions may differ)."""
-        from mmdtl2_dist.core.mmdt import fit_mmdt_explicit
-
-        Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
-        if Xs.shape[1] * (Xt.shape[1] + 1) > MAX_EXPLICIT_W:
-            raise ValueError(
-                f"MMDT forms W explicitly: {Xs.shape[1]} x {Xt.shape[1] + 1} is too large; "
-                "use MMDTL2(c_f=1, c_d=0), which never forms W."
-            )
-        self.classes_ = classes
-        Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt)
-        self.n_features_in_ = Xt.shape[1]
-        self.n_source_features_ = Xs.shape[1]
-        with hinge_weights_named(self.get_params(deep=False)):
-            W, Theta, b, n_iter = fit_mmdt_explicit(
-                Xs_p, np.searchsorted(classes, ys), Xt_p, np.searchsorted(classes, yt),
-                len(classes), c_t=self.c_t, c_s=self.c_s, max_iter=self.max_iter, tol=self.tol,
-                qp_solver=self.qp_solver, qp_tol=self.qp_tol,
-            )  # fmt: skip
-        self.W_, self.coef_source_, self.intercept_, self.n_iter_ = W, Theta.T, b, n_iter
+        super().fit_domains(Xs, ys, Xt, yt)
+        small = self.n_source_features_ * (self.n_features_in_ + 1) <= MAX_EXPLICIT_W
+        self.W_ = self.transform_matrix() if small else None
         return self
 
-    @one_thread
-    def transform(self, X):
-        """``W x̂`` (n, Ls) of target samples."""
-        check_is_fitted(self)
-        Xp = self.target_preprocessing_.transform(
-            check_features(X, self.n_features_in_, owner=type(self).__name__)
-        )
-        return Xp @ self.W_[:, :-1].T + self.W_[:, -1]
-
-    def _target_scores(self, X):
-        return self.transform(X) @ self.coef_source_.T + self.intercept_
-
-    def _source_scores(self, X):
-        X = check_features(X, self.n_source_features_, owner=type(self).__name__)
-        return self.source_preprocessing_.transform(X) @ self.coef_source_.T + self.intercept_
+    def _fit_params(self) -> dict:
+        own = self.get_params(deep=False)
+        return {**mmdt_as_mmdtl2({k: own[k] for k in _MMDT}), **own, "W0": None, "select": None}
 
 
 class MMDTHoffman(_AdaptationBase):

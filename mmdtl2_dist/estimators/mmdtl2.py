@@ -166,13 +166,17 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self.n_source_features_ = Xs.shape[1]
         self.n_unlabelled_target_ = 0 if Xu is None else Xu.shape[0]
         self.selection_ = self.auto_ = None
-        params = self.get_params(deep=False)
-        if self.select == "auto":
+        params = self._fit_params()
+        if params["select"] == "auto":
             params, Xt_p, yt = self._select_auto(Xs_p, ys, Xt_p, yt, Xu_p, params)
-        elif self.select:
+        elif params["select"]:
             params = self._select(Xs_p, ys, Xt_p, yt, params)
         self._fit_chosen(Xs_p, ys, Xt_p, yt, params)
         return self
+
+    def _fit_params(self) -> dict:
+        """Every parameter of the fit: the estimator's (a subclass fixes some)."""
+        return self.get_params(deep=False)
 
     def _select_auto(self, Xs, ys, Xt, yt, Xu, base):
         """The frozen rule (:mod:`mmdtl2_dist.core.auto`) on the preprocessed features.
@@ -287,7 +291,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         ``select="auto"``), so source samples are scored by the same hyperplanes.
         """
         from mmdtl2_dist.core.kernels import KernelSpec
-        from mmdtl2_dist.core.mmdt import linear_svm
+        from mmdtl2_dist.core.svm import linear_svm
 
         K, cost = len(self.classes_), np.full(len(yt), float(p["c_t"]))
         y_enc = np.searchsorted(self.classes_, yt)

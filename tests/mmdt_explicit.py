@@ -1,4 +1,4 @@
-"""MMDT in the paper's form (Problem 2) with an explicit transform ``W``.
+"""MMDT in the paper's form (Problem 2) with an explicit transform ``W``: a test reference.
 
 Hoffman et al.'s formulation as written in the MMDTL2 paper: alternate
 
@@ -21,24 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmdtl2_dist.core.qp import solve_box_qp
-from mmdtl2_dist.core.svm import one_vs_rest, svm_step
-
-
-def linear_svm(V, y_enc, K, cost, qp_solver="dcd", qp_tol=1e-8):
-    """One-vs-rest linear SVMs on explicit features ``V`` (n, L); returns ``(Θ (L, K), b)``.
-
-    With fewer features than samples (``L + 1 < n``) the dual Hessian ``Y (V Vᵀ + 1) Y`` is
-    singular (rank ``L + 1``) and the primal, with ``L + 1 + n`` variables and an
-    interior-point solver, is the better-conditioned problem; otherwise the dual box QP.
-    Both solve ``min ½(‖θ‖² + b²) + Σ c_i hinge_i`` exactly.
-    """
-    n, L = V.shape
-    if L + 1 < n:
-        from mmdtl2_dist.core.reference import svm_primal
-
-        return svm_primal(V, y_enc, K, cost)
-    res = svm_step(V @ V.T, one_vs_rest(y_enc, K), cost, solver=qp_solver, tol=qp_tol)
-    return V.T @ res.coef, res.b
+from mmdtl2_dist.core.svm import linear_svm, one_vs_rest
 
 
 def fit_mmdt_explicit(
