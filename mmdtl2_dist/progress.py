@@ -178,10 +178,6 @@ class Progress:
             self._write(self.line(detail, now))
             return True
 
-    def advance(self, n: int = 1, detail: str = "") -> bool:
-        """Count ``n`` more units done (see :meth:`update`)."""
-        return self.update(self.done + n, detail)
-
     def say(self, message: str) -> None:
         """A one-off line (a stage starting, a result), when progress is enabled."""
         if self.enabled:

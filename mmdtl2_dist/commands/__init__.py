@@ -16,6 +16,18 @@ def add_progress_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_quiet_options(p: argparse.ArgumentParser, silences: str, progress: bool = True) -> None:
+    """``-q``/``--quiet`` (no ``silences``) and, unless ``progress`` is False, ``--progress``."""
+    p.add_argument("-q", "--quiet", action="store_true", help=f"no {silences}")
+    if progress:
+        add_progress_option(p)
+
+
+def add_tracking_uri_option(p: argparse.ArgumentParser, default: str) -> None:
+    """``--tracking-uri``; ``default`` says where the command looks without it."""
+    p.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: {default})")
+
+
 def add_store_output_options(p: argparse.ArgumentParser) -> None:
     """Compression, overwrite, quiet and progress: the options of a feature store writer."""
     p.add_argument(
@@ -29,8 +41,7 @@ def add_store_output_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace an existing feature store (nothing else is ever replaced)",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
-    add_progress_option(p)
+    add_quiet_options(p, "progress or summary")
 
 
 def progress_choice(args: argparse.Namespace) -> bool | None:

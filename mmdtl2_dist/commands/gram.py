@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.commands import add_quiet_options, progress_choice
 from mmdtl2_dist.core.preprocessing import DEFAULT_PREPROCESSING, PREPROCESSING
 from mmdtl2_dist.engine.driver import compute_gram
 from mmdtl2_dist.engine.plan import DEFAULT_TASK_MEMORY_MB
@@ -158,6 +158,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"host memory bound of one task ({DEFAULT_TASK_MEMORY_MB}); a GPU tile's "
         "accumulator is on the GPU, so the same budget allows larger GPU tiles",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
-    add_progress_option(p)
+    add_quiet_options(p, "progress or summary")
     p.set_defaults(func=run, interrupted=INTERRUPTED)

@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.commands import add_quiet_options, progress_choice
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,8 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "study folder in OUT/study (MLflow runs included; `mmdtl2 study report` and "
         "`resume` work on it); default: the study runs in a temporary folder",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    add_progress_option(p)
+    add_quiet_options(p, "progress lines")
     p.set_defaults(func=run)
 
 

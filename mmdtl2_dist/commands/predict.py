@@ -17,6 +17,8 @@ import argparse
 import sys
 import time
 
+from mmdtl2_dist.commands import add_quiet_options, add_tracking_uri_option
+
 #: What a Ctrl-C leaves (printed by the CLI).
 INTERRUPTED = (
     "an -o file is written only when complete; predictions already printed to the "
@@ -111,10 +113,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--space", default=None, help="feature-store space (default: the model's feature space)"
     )
     p.add_argument("--batch-size", type=int, default=4096, help="rows per batch (default 4096)")
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking/registry URI (default: MLFLOW_TRACKING_URI)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no summary line on stderr")
+    add_tracking_uri_option(p, "MLFLOW_TRACKING_URI")
+    add_quiet_options(p, "summary line on stderr", progress=False)
     p.set_defaults(func=run, interrupted=INTERRUPTED)

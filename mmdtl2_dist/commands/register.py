@@ -27,7 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.commands import (
+    add_quiet_options,
+    add_tracking_uri_option,
+    progress_choice,
+)
 from mmdtl2_dist.progress import Progress
 
 #: What a Ctrl-C leaves (printed by the CLI).
@@ -235,13 +239,7 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
         "features (from `mmdtl2 extract`; WEIGHTS: the same imagenet / PATH / random:SEED, "
         "checked by SHA-256) before the adapter",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help=(
-            "MLflow tracking and registry URI (default: the spec's, else "
-            "MLFLOW_TRACKING_URI, else sqlite:///<study>/mlflow.db)"
-        ),
+    add_tracking_uri_option(
+        p, "the spec's, else MLFLOW_TRACKING_URI, else sqlite:///<study>/mlflow.db"
     )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_progress_option(p)
+    add_quiet_options(p, "progress lines")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+from mmdtl2_dist.commands import add_tracking_uri_option
+
 
 def run(args: argparse.Namespace) -> int:
     from mmdtl2_dist.deploy.serve import serve
@@ -83,9 +85,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=8,
         help="open connections per worker before 503 (default 8)",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking/registry URI (default: MLFLOW_TRACKING_URI)",
-    )
+    add_tracking_uri_option(p, "MLFLOW_TRACKING_URI")
     p.set_defaults(func=run)

@@ -29,7 +29,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.commands import (
+    add_quiet_options,
+    add_tracking_uri_option,
+    progress_choice,
+)
 from mmdtl2_dist.study.executors import EXECUTORS
 
 #: What a Ctrl-C leaves (printed by the CLI).
@@ -69,13 +73,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="CPUs of the local Ray, or worker processes of the local executor (default: all)",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_progress_option(p)
+    add_tracking_uri_option(p, "the spec's, else sqlite:///<output>/mlflow.db")
+    add_quiet_options(p, "progress lines")
 
 
 def _print_result(rep: dict) -> None:
@@ -225,7 +224,7 @@ def register(subparsers) -> None:
     s.set_defaults(func=_resume)
     t = sub.add_parser("report", help="(re)write the tables and plots of a study")
     t.add_argument("folder", help="the study folder")
-    t.add_argument("--tracking-uri", default=None, help="MLflow tracking URI")
+    add_tracking_uri_option(t, "the spec's, else sqlite:///<folder>/mlflow.db")
     t.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     t.set_defaults(func=_report)
     v = sub.add_parser(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmdtl2_dist.commands import add_progress_option, progress_choice
+from mmdtl2_dist.commands import add_quiet_options, progress_choice
 from mmdtl2_dist.store.synthetic import SyntheticSpec, make_synthetic_store
 
 
@@ -99,6 +99,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--chunk-rows", type=int, help="rows per chunk")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
-    add_progress_option(p)
+    add_quiet_options(p, "progress or summary")
     p.set_defaults(func=run)

@@ -73,7 +73,7 @@ PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PRIOR_WEIGHT_GRID: tuple[dict, ...] = tuple(
     {"prior": "identity", "prior_weight": w} for w in PRIOR_WEIGHTS
 )
-# Grids that can be named instead of listed (estimator ``select=``, ``mmdtl2 office``).
+# Grids that can be named instead of listed (the estimator's ``select=``).
 NAMED_GRIDS: dict[str, tuple[dict, ...]] = {"prior_weight": PRIOR_WEIGHT_GRID}
 # Parameters that change the scale of the scores (the hinge weights and the kernel): a
 # grid over them is judged by accuracy, ties by order.

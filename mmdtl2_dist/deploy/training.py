@@ -18,7 +18,6 @@ deployed: ``mmdtl2`` and ``mmdt`` (MMDTL2 with ``c_f = 1``, ``c_d = 0``).
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -430,11 +429,6 @@ def fit_adapter(handle: StudyHandle, pair: tuple[str, str], cfg: ChosenConfig) -
         n_unlabelled_target=len(Xu),
         auto=est.auto_,
     )
-
-
-def describe(cfg: ChosenConfig) -> str:
-    """A one-line JSON of the study's accuracy for the configuration (for tags)."""
-    return json.dumps({str(k): v for k, v in cfg.study_accuracy.items()}, sort_keys=True)
 
 
 def study_extractor(handle: StudyHandle, weights: str):

@@ -10,7 +10,6 @@ done (it takes their results as arguments).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from mmdtl2_dist.engine.ray_session import task_runner
 from mmdtl2_dist.engine.scheduling import run_tasks
 from mmdtl2_dist.engine.statistics import load_stats, stats_pass
 from mmdtl2_dist.engine.timing import summarize_timing
+from mmdtl2_dist.engine.verify import report_damage
 from mmdtl2_dist.progress import Progress
 from mmdtl2_dist.store.atomic import remove_temporaries
 
@@ -108,13 +108,7 @@ def finished_parts(out: Path, job: dict, tiles, done: set, progress) -> tuple[di
                 continue
             kept[(tile.key, k)] = marker
     remove_temporaries(tiles_dir / tasks.PARTS_DIR)  # writes stopped before their rename
-    if damaged:
-        print(
-            f"gram {job['space']}: {out} has damaged parts, recomputed in this run: "
-            + "; ".join(damaged),
-            file=sys.stderr,
-            flush=True,
-        )
+    report_damage(job, out, damaged)
     return kept, damaged
 
 

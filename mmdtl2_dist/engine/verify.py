@@ -60,13 +60,19 @@ def forget_damaged(out: Path, job: dict, tiles, progress: bool) -> list[str]:
     if damaged:
         job["complete"] = False
         write_json_atomic(out / JOB_FILE, job)
+    report_damage(job, out, damaged)
+    return damaged
+
+
+def report_damage(job: dict, out: Path, damaged: list[str]) -> None:
+    """Name on stderr the damaged parts of ``out`` that this run recomputes (if any)."""
+    if damaged:
         print(
             f"gram {job['space']}: {out} has damaged parts, recomputed in this run: "
             + "; ".join(damaged),
             file=sys.stderr,
             flush=True,
         )
-    return damaged
 
 
 def _tile_damage(gram: zarr.Array, tile, marker: dict) -> str | None:

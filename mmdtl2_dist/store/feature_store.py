@@ -370,9 +370,6 @@ class FeatureStore:
         self._check_space(space)
         return sorted(d for d, s in self._arrays if s == space)
 
-    def has(self, device: str, space: str) -> bool:
-        return (device, space) in self._arrays
-
     def shape(self, device: str, space: str) -> tuple[int, int]:
         a = self._entry(device, space)
         return a["n_rows"], a["n_features"]

@@ -73,12 +73,13 @@ from mmdtl2_dist.core.evaluate import expand_grid
 from mmdtl2_dist.core.methods import NEEDS_SHARED_SPACE
 from mmdtl2_dist.core.params import DEFAULTS as CORE_DEFAULTS
 from mmdtl2_dist.core.params import PARAMS, Param, check_params, count, positive
+from mmdtl2_dist.study.baselines import METHODS as BASELINES
 from mmdtl2_dist.study.pools import DEFAULT_POOL, POOL_MODES
 
 #: The paper's methods, run by the core (:func:`mmdtl2_dist.core.methods.fit_predict`).
 CORE_METHODS = tuple(CORE_DEFAULTS)
 #: Established shallow methods from skada, on the same splits (see study.baselines).
-EXTRA_METHODS = ("coral_svm", "sa_svm", "kmm_svm")
+EXTRA_METHODS = BASELINES
 ALL_METHODS = CORE_METHODS + EXTRA_METHODS
 #: Methods that need source and target in one feature space.
 SAME_SPACE_METHODS = (*sorted(NEEDS_SHARED_SPACE), *EXTRA_METHODS)
@@ -97,8 +98,6 @@ EXTRA_PARAMS: dict[str, dict[str, Param]] = {
 #: Spec spellings of the core's ``None`` (TOML has no null).
 NONE_WORDS = {k: p.none_word for k, p in PARAMS.items() if p.none_word is not None}
 BUILTIN_DATA = ("office_caltech10",)
-#: The sections (tables) of a spec.
-SECTIONS = ("study", "data", "gram", "splits", "methods", "execution", "tracking", "report")
 #: Which unlabelled target samples the methods that use them see (``select = "auto"``'s
 #: prior pool, the skada baselines' target samples): every non-test sample of the target
 #: device (inductive), also the test samples (transductive) or none.

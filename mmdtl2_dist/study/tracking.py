@@ -242,14 +242,6 @@ class StudyTracker:
             out.setdefault(r.data.tags.get(KEY_TAG), []).append(r)
         return out
 
-    def finished_keys(self) -> set[str]:
-        """Keys of trials whose run is FINISHED."""
-        return {
-            k
-            for k, runs in self.trial_runs().items()
-            if any(r.info.status == "FINISHED" for r in runs)
-        }
-
     def supersede_other_data(self, data_fingerprint: str) -> int:
         """Retag the study's trial runs logged from other data ``superseded``; how many.
 
