@@ -92,6 +92,42 @@ def test_overwrite_replaces_our_own_store(tmp_path, capsys):
     assert FeatureStore.open(tmp_path / "empty").fingerprint == first
 
 
+@pytest.mark.parametrize("inside", ["NOTES.txt", "plots/p.png", "features/mine.csv"])
+def test_overwrite_keeps_our_store_that_holds_a_users_file(tmp_path, capsys, inside):
+    """A store this system wrote, with a file of the user's put inside it: --overwrite
+    would delete that file with the store, so it is refused and nothing changes."""
+    path = tmp_path / "s.zarr"
+    assert main(["synth", str(path), *SYNTH]) == 0
+    first = FeatureStore.open(path).fingerprint
+    (path / inside).parent.mkdir(parents=True, exist_ok=True)
+    (path / inside).write_text("keep me")
+    capsys.readouterr()
+    assert main(["synth", str(path), *SYNTH, "--seed", "1", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert f"also holds files this system did not write ('{inside}')" in err, err
+    assert "nothing was changed" in err and "Traceback" not in err
+    assert (path / inside).read_text() == "keep me"
+    assert FeatureStore.open(path).fingerprint == first
+    assert _hidden(tmp_path) == []
+    (path / inside).unlink()  # moved out: the replacement goes ahead
+    assert main(["synth", str(path), *SYNTH, "--seed", "1", "--overwrite"]) == 0
+    assert FeatureStore.open(path).fingerprint != first
+
+
+def test_overwrite_keeps_our_image_set_that_holds_a_users_image(tmp_path, capsys):
+    from mmdtl2_dist.extract.synthetic import ImageSetSpec, make_image_set
+    from mmdtl2_dist.store.outputs import OutputPathError
+
+    spec = ImageSetSpec(n_source=1, n_target=1, n_classes=2, size=16)
+    folder = make_image_set(tmp_path / "imgs", spec)
+    (folder / "scope_a" / "class0" / "patient.png").write_bytes(b"x")
+    with pytest.raises(OutputPathError, match=r"did not write \('scope_a/class0/patient.png'\)"):
+        make_image_set(folder, spec, overwrite=True)
+    assert (folder / "scope_a" / "class0" / "patient.png").read_bytes() == b"x"
+    (folder / "scope_a" / "class0" / "patient.png").unlink()
+    make_image_set(folder, spec, overwrite=True)  # only its own images: replaced
+
+
 def test_symlink_is_not_replaced(tmp_path):
     target = tmp_path / "s.zarr"
     with StoreWriter(target) as w:

@@ -16,6 +16,7 @@ and Pillow only (no torch).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,7 @@ IMAGE_SET = OutputKind(
     is_dir=True,
     recognise=lambda p: (p / MARKER).is_file(),
     replace_hint="pass --overwrite to replace it",
+    written=re.compile(rf"{re.escape(MARKER)}|[^/]+/class[0-9]+/[0-9]{{5}}\.png"),
 )
 
 

@@ -11,7 +11,8 @@ stores, study folders, prediction files). A command writes at a path only when
   the caller asked for it (``overwrite``, ``--overwrite``).
 
 Anything else (a plain file where a directory goes, a directory or file this system did
-not write, a symbolic link to be replaced) is refused with an :class:`OutputPathError`
+not write, a symbolic link to be replaced, an output to be replaced that also holds files
+of the user's: :attr:`OutputKind.written`) is refused with an :class:`OutputPathError`
 that names the path, says what is there and asks for another path; ``--overwrite`` never
 applies to it, so a mistyped path cannot destroy a user's files.
 
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmdtl2_dist.store.layout import ROOT_ATTR
+from mmdtl2_dist.store.layout import FEATURES_GROUP, METADATA_FILE, ROOT_ATTR
 
 #: ``errno`` values of an output that found no room: a full disk or quota.
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
@@ -67,12 +68,17 @@ class OutputKind:
         system (checks the signature only; must not raise).
     replace_hint : str
         How to ask for a replacement (said only about outputs of this kind).
+    written : re.Pattern or None
+        For a directory that is replaced: the relative POSIX paths of the files this
+        system writes in it. Any other file (or a symbolic link) in it is the user's, and
+        a replacement that would delete it is refused (:func:`foreign_files`).
     """
 
     what: str
     is_dir: bool
     recognise: Callable[[Path], bool]
     replace_hint: str = "pass --overwrite to replace it"
+    written: re.Pattern | None = None
 
 
 def _is_feature_store(path: Path) -> bool:
@@ -88,6 +94,13 @@ FEATURE_STORE = OutputKind(
     is_dir=True,
     recognise=_is_feature_store,
     replace_hint="pass overwrite=True (--overwrite) to replace it",
+    # the root and its metadata table, the features group, one group per device and one
+    # array per device and space with its chunk files c/<row block>/<column block>
+    written=re.compile(
+        rf"(zarr\.json|{re.escape(METADATA_FILE)}|{FEATURES_GROUP}/zarr\.json"
+        rf"|{FEATURES_GROUP}/[^/]+/zarr\.json|{FEATURES_GROUP}/[^/]+/[^/]+/zarr\.json"
+        rf"|{FEATURES_GROUP}/[^/]+/[^/]+/c(/[0-9]+)+)"
+    ),
 )
 
 
@@ -108,6 +121,34 @@ def _what_is_there(path: Path) -> str:
         more = f" and {len(entries) - 3} more" if len(entries) > 3 else ""
         return f"is a non-empty directory (holding {shown}{more})"
     return "is neither a regular file nor a directory"
+
+
+def foreign_files(path: Path, written: re.Pattern) -> list[str]:
+    """Files and links under ``path`` whose relative path ``written`` does not match.
+
+    What a user put there, sorted; links are listed, never followed.
+    """
+    found = []
+    for root, dirs, files in os.walk(path):
+        rel = Path(root).relative_to(path)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            p = (rel / name).as_posix()
+            if os.path.islink(os.path.join(root, name)) or not written.fullmatch(p):
+                found.append(p)
+    return sorted(found)
+
+
+def _check_nothing_foreign(path: Path, kind: OutputKind) -> None:
+    """Refuse to replace ``path`` when it holds files this system did not write."""
+    foreign = foreign_files(path, kind.written) if kind.written is not None else []
+    if foreign:
+        shown = ", ".join(repr(f) for f in foreign[:3])
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise OutputPathError(
+            f"{path} is a {kind.what} written by this system, but it also holds files this "
+            f"system did not write ({shown}{more}); replacing it would delete them, so "
+            f"nothing was changed: move them out of {path}, or choose another path."
+        )
 
 
 def claim_output(path: str | os.PathLike, kind: OutputKind, *, overwrite: bool | None) -> bool:
@@ -133,7 +174,7 @@ def claim_output(path: str | os.PathLike, kind: OutputKind, *, overwrite: bool |
     ------
     OutputPathError
         If ``path`` holds anything else, or an output of this kind that may not be
-        replaced (``overwrite=False``).
+        replaced (``overwrite=False``, or files of the user's inside it).
     """
     path = Path(path).absolute()
     if not os.path.lexists(path):
@@ -144,7 +185,10 @@ def claim_output(path: str | os.PathLike, kind: OutputKind, *, overwrite: bool |
                 f"{path} already exists (a {kind.what} written by this system); "
                 f"{kind.replace_hint}, or choose another path."
             )
-        if overwrite is None or not path.is_symlink():
+        if overwrite is None:
+            return True
+        if not path.is_symlink():
+            _check_nothing_foreign(path, kind)
             return True
         real = os.path.realpath(path)
         raise OutputPathError(
