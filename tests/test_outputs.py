@@ -316,3 +316,29 @@ def test_killed_swap_is_recovered(tmp_path, when):
         assert "removed 1 unfinished write(s)" in res.stderr and "restored" not in res.stderr
         assert FeatureStore.open(store).fingerprint != before  # the swap had completed
     assert _hidden(tmp_path) == []
+
+
+def test_an_unusable_output_path_is_one_line_and_exit_2(tmp_path, capsys):
+    """A file where the output's folder must be: one line naming it, no traceback."""
+    np.save(tmp_path / "x.npy", np.ones((4, 3), np.float32))
+    (tmp_path / "token").write_text("keep me")
+    out = tmp_path / "token" / "x.zarr"
+    assert main(["ingest", str(out), "-i", f"a:s:{tmp_path / 'x.npy'}", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mmdtl2 ingest: error: cannot use {tmp_path / 'token'}: a file is")
+    assert "choose another path" in err and "Traceback" not in err
+    assert (tmp_path / "token").read_text() == "keep me"
+
+
+def test_a_denied_staged_output_is_named_by_its_own_path():
+    """Permission errors name the output the user gave, not its hidden staging sibling."""
+    import errno
+
+    from mmdtl2_dist.cli import path_refusal
+
+    exc = PermissionError(errno.EACCES, "Permission denied", "/data/.s.zarr.tmp-h-12-0a1b2c3d")
+    assert path_refusal(exc) == (
+        "cannot use /data/s.zarr: no permission (Permission denied); give a path in a folder "
+        "you can write to."
+    )
+    assert path_refusal(OSError(errno.EIO, "I/O error", "/data/s.zarr")) is None  # a fault

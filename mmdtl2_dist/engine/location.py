@@ -102,8 +102,8 @@ def gram_lock(out: Path, progress: bool | None = None) -> Iterator[None]:
         raise OSError(
             exc.errno,
             f"cannot create the lock file {path} ({exc.strerror}); computing a Gram needs "
-            f"a writable folder: choose another one with `mmdtl2 gram --gram-dir DIR` or "
-            '`gram_dir = "DIR"` in a study spec\'s [data].',
+            f"a writable folder for it: choose another one (`mmdtl2 gram --gram-dir DIR` "
+            'or `--out DIR`, or `gram_dir = "DIR"` in a study spec\'s [data]).',
         ) from exc
     try:
         _acquire(fd, path, out, progress)
