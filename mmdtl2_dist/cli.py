@@ -13,6 +13,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 # Order is the order of ``mmdtl2 --help``.
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    warnings.formatwarning = _one_line_warning(args.command)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -82,6 +84,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"mmdtl2 {args.command}: error: {why}", file=sys.stderr)
         return 2
+
+
+def _one_line_warning(command: str):
+    """``warnings`` shown as ``mmdtl2 COMMAND: warning: ...``, without the source line."""
+
+    def show(message, category, filename, lineno, line=None) -> str:
+        return f"mmdtl2 {command}: warning: {message}\n"
+
+    return show
 
 
 #: Errors of a path the user gave: no permission, a read-only file system, a file where

@@ -332,6 +332,12 @@ def test_failed_job_and_missing_token(cluster, shared, tmp_path):
     refused = run("mmdtl2 submit --address {address} --installed -- true", v, bare)
     assert refused.returncode == 2
     assert "token" in refused.stderr and "RAY_AUTH_TOKEN" in refused.stderr
+    # A job id the cluster does not know: one line and exit 2, following or stopping it.
+    for template in (FOLLOW, STOP):
+        unknown = run(template, {**v, "job_id": "raysubmit_nope"}, env)
+        assert unknown.returncode == 2, unknown.stderr
+        assert "has no job 'raysubmit_nope'" in unknown.stderr
+        assert "Traceback" not in unknown.stderr
 
 
 SLOW_GRAM = """

@@ -183,6 +183,8 @@ def test_resume_after_sigkill_of_a_real_extract(images, tmp_path):
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert "removed 1 unfinished write(s) of" in res.stderr and not staged.exists()
+    # random weights are said even without progress lines (stderr is a pipe here)
+    assert "mmdtl2 extract: warning: weights random:0 are random" in res.stderr
     assert not list(tmp_path.glob(".k.zarr.*"))
     assert f"{10 - len(done)} computed, {len(done)} resumed" in res.stdout
     fs = FeatureStore.open(out)

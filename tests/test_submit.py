@@ -184,3 +184,28 @@ def test_usage_errors_before_any_connection(argv, message, clean_auth_env):
 def test_submit_job_refuses_an_empty_entrypoint():
     with pytest.raises(ValueError, match="no entrypoint"):
         sub.submit_job(object(), [])
+
+
+class _RefusingClient:
+    """A Jobs API client whose server answers every request with an error status."""
+
+    def submit_job(self, **kw):
+        raise RuntimeError("Request failed with status code 500: No available agent to submit job")
+
+    def get_job_info(self, job_id):
+        raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
+
+
+def test_a_job_the_cluster_refuses_or_does_not_know_is_one_clear_error():
+    with pytest.raises(ValueError, match=r"did not accept the job \(Request failed .* 500"):
+        sub.submit_job(_RefusingClient(), ["true"])
+    with pytest.raises(ValueError, match=r"has no job 'raysubmit_nope'; `ray job list"):
+        sub.check_job(_RefusingClient(), "raysubmit_nope")
+
+
+def test_an_unreachable_cluster_is_reached_through_a_tunnel_not_an_open_port(clean_auth_env):
+    (port,) = free_ports(1)
+    with pytest.raises(ValueError, match="cannot reach") as info:
+        sub.connect(f"http://127.0.0.1:{port}")
+    assert "ssh -N -L 8265:127.0.0.1:8265" in str(info.value)
+    assert "0.0.0.0" not in str(info.value)

@@ -202,9 +202,10 @@ def connect(address: str | None, headers: Mapping[str, str] | None = None) -> Jo
     except (ConnectionError, RuntimeError, OSError) as exc:
         raise ValueError(
             f"cannot reach a Ray cluster's Jobs API at {address} ({_first_line(exc)}); check "
-            "that the head node is up (`ray status` there), that the dashboard runs "
-            "(`ray start --head --dashboard-host=0.0.0.0`) and that its port (default "
-            "8265) is reachable from here"
+            "that the head node is up (`ray status` there) with its dashboard (port 8265 by "
+            "default, on the head's loopback), and that an SSH port-forward reaches it from "
+            "here (`ssh -N -L 8265:127.0.0.1:8265 USER@HEAD_IP`, then --address "
+            "http://127.0.0.1:8265; docs/run_on_a_cluster.md)"
         ) from None
 
 
@@ -320,7 +321,7 @@ def submit_job(
     Raises
     ------
     ValueError
-        If the entrypoint is empty.
+        If the entrypoint is empty, or the cluster does not accept the job.
     """
     command = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
     if not command.strip():
@@ -328,13 +329,34 @@ def submit_job(
             "no entrypoint: put the command after `--`, e.g. "
             "`mmdtl2 submit --address http://HEAD_IP:8265 --installed -- mmdtl2 study run ...`"
         )
-    return client.submit_job(
-        entrypoint=command,
-        runtime_env=dict(runtime_env or {}),
-        submission_id=submission_id,
-        entrypoint_num_cpus=entrypoint_num_cpus,
-        metadata=dict(metadata or {}),
-    )
+    try:
+        return client.submit_job(
+            entrypoint=command,
+            runtime_env=dict(runtime_env or {}),
+            submission_id=submission_id,
+            entrypoint_num_cpus=entrypoint_num_cpus,
+            metadata=dict(metadata or {}),
+        )
+    except RuntimeError as exc:  # the Jobs API answered with an error status
+        raise ValueError(
+            f"the cluster did not accept the job ({_first_line(exc)}); nothing runs. Check "
+            "the head with `ray status` and its dashboard log "
+            "(/tmp/ray/session_latest/logs/dashboard*.log), then submit again"
+        ) from None
+
+
+def check_job(client: JobSubmissionClient, job_id: str) -> None:
+    """Raise ValueError naming the fix when the cluster knows no job ``job_id``."""
+    try:
+        client.get_job_info(job_id)
+    except RuntimeError as exc:
+        if "does not exist" in str(exc) or "404" in str(exc):
+            raise _no_such_job(job_id) from None
+        raise
+
+
+def _no_such_job(job_id: str) -> ValueError:
+    return ValueError(f"the cluster has no job {job_id!r}; `ray job list --address ...` lists them")
 
 
 def follow_job(
@@ -431,9 +453,7 @@ def stop_job(
         client.stop_job(job_id)
     except RuntimeError as exc:
         if "does not exist" in str(exc) or "404" in str(exc):
-            raise ValueError(
-                f"the cluster has no job {job_id!r}; `ray job list --address ...` lists them"
-            ) from None
+            raise _no_such_job(job_id) from None
         raise
     if not wait:
         return client.get_job_status(job_id)

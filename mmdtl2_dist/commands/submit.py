@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
             status = sub.stop_job(client, args.stop)
             print(f"job {args.stop}: {status.value}", file=sys.stderr)
             return 0 if status.is_terminal() else 4
+        sub.check_job(client, args.follow)
         return _follow(sub, client, args.follow, args.detach_on_interrupt)
 
     if not args.working_dir and not args.installed:

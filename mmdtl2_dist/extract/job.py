@@ -44,6 +44,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -315,8 +316,13 @@ def extract(
     out = Path(out).expanduser().absolute()
     spaces = _checked_request(out, table, spec, opt)
     ex = Extractor(spec, weights, pre)  # fails early on a bad model, layer or weights file
-    if not ex.identity.meaningful:
-        say(opt.progress, f"extract: weights {ex.identity.name} are random: features mean nothing")
+    if not ex.identity.meaningful:  # said whatever the progress setting: a store of noise
+        warnings.warn(
+            f"weights {ex.identity.name} are random: the features mean nothing (for tests "
+            "and demos only; pass --weights imagenet or a state-dict path for real features)",
+            UserWarning,
+            stacklevel=2,
+        )
     shard_rows = choose_shard_rows(ex.dims, opt.batch_size, opt.shard_rows)
     job = _job_spec(table, spec, ex, pre, shard_rows)
     work = work_folder(out)
