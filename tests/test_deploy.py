@@ -864,3 +864,16 @@ def test_deployed_method_and_params_name_the_rules_pick():
     }
     fixed = SimpleNamespace(full_params=full, auto=None)
     assert deployed_method_and_params(cfg, fixed) == ("mmdtl2", full)
+
+
+def test_printed_serve_commands_survive_a_space_in_the_path():
+    """`register` prints commands to paste: a study folder with a space stays one word."""
+    import shlex
+
+    from mmdtl2_dist.commands.register import serve_command
+
+    uri = "sqlite:////tmp/my study/mlflow.db"
+    for images in (False, True):
+        words = shlex.split(serve_command(uri, "models:/m@champion", images))
+        assert words[0] == f"MLFLOW_TRACKING_URI={uri}"
+        assert "models:/m@champion" in words

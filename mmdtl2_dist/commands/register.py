@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from mmdtl2_dist.commands import (
     add_quiet_options,
@@ -60,6 +61,17 @@ def parse_select(text: str) -> tuple[str, list]:
     if not sep or not key or not values:
         raise ValueError(f"--select wants KEY=V1,V2,..., got {text!r}; e.g. --select c_d=0.1,1.")
     return key.strip(), [parse_param(f"{key}={v}")[1] for v in values.split(",")]
+
+
+def serve_command(tracking_uri: str, model_uri: str, images: bool) -> str:
+    """The shell command that serves a registered model, quoted for pasting."""
+    env = f"MLFLOW_TRACKING_URI={shlex.quote(tracking_uri)}"
+    if not images:
+        return f"{env} mmdtl2 serve --model {shlex.quote(model_uri)}"
+    return (
+        f"{env} mlflow models serve -m {shlex.quote(model_uri)} --env-manager local "
+        "-h 127.0.0.1 -p 5001"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,13 +142,9 @@ def _register(args: argparse.Namespace, handle) -> int:
     print(f"registered {args.name!r} version {mv.version}{note}")
     print(f"model:    {uri}")
     print(f"tracking: {handle.tracking_uri}")
+    print(f"serve:    {serve_command(handle.tracking_uri, uri, images=extractor is not None)}")
     if extractor is None:
-        print(f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mmdtl2 serve --model {uri}")
         return 0
-    print(
-        f"serve:    MLFLOW_TRACKING_URI={handle.tracking_uri} mlflow models serve -m {uri} "
-        "--env-manager local -h 127.0.0.1 -p 5001"
-    )
     print(
         'request:  {"dataframe_split": {"columns": ["image"], "data": [["<base64 of a PNG '
         'or JPEG file>"]]}}'

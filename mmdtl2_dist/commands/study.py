@@ -90,7 +90,7 @@ def _print_result(rep: dict) -> None:
     if rep.get("tracking_uri"):
         print(f"MLflow: experiment {rep['experiment']!r} in {rep['tracking_uri']}")
         if rep["tracking_uri"].startswith("sqlite:"):
-            print(f"        mlflow ui --backend-store-uri {rep['tracking_uri']}")
+            print(f"        mlflow ui --backend-store-uri {shlex.quote(rep['tracking_uri'])}")
     if rep.get("missing"):
         print(
             f"warning: {len(rep['missing'])} trials have no result yet; run `mmdtl2 study resume`.",
