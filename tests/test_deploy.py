@@ -587,6 +587,14 @@ def test_predict_wrong_dimension_says_only_what_is_wrong(registered, tmp_path, c
     err = capsys.readouterr().err
     assert "X5.npy has 5 features, but model models:/io@champion is expecting 20" in err
     assert len(err) < 400 and "[[" not in err  # no array in the message
+    # a feature column stored as strings: left out of the features, and named
+    X = target_samples(registered)
+    table = pd.DataFrame({f"f{j}": X[:, j] for j in range(X.shape[1])})
+    table["f5"] = table["f5"].astype(str)
+    table.to_parquet(tmp_path / "strings.parquet")
+    assert _predict(registered, tmp_path / "strings.parquet", tmp_path / "o.csv") == 2
+    err = capsys.readouterr().err
+    assert "has 19 features" in err and "Its columns 'f5' are not numbers" in err
 
 
 def test_predict_without_store_creates_nothing(tmp_path, monkeypatch, capsys):

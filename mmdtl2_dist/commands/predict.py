@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             check_width_and_values(batch.X, n_features, str(args.input), f"model {args.model}")
             pred = model.predict(batch.X)
         except ValueError as exc:
-            raise ValueError(f"{rows}: {exc}") from exc
+            raise ValueError(f"{rows}: {exc}{_not_features(batch, n_features)}") from exc
         except mlflow.exceptions.MlflowException as exc:
             raise ValueError(f"{rows}: {exc.message}") from exc
         frames.append(pd.concat([batch.ids, pred.reset_index(drop=True)], axis=1))
@@ -76,6 +76,19 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _not_features(batch, n_features: int | None) -> str:
+    """On a width mismatch, the input's columns that were not read as features."""
+    other = [str(c) for c in batch.ids.columns if c != "row"]
+    if not other or n_features is None or batch.X.shape[1] == n_features:
+        return ""
+    more = f" and {len(other) - 5} more" if len(other) > 5 else ""
+    shown = ", ".join(map(repr, other[:5])) + more
+    return (
+        f" Its columns {shown} are not numbers, so they were copied to the output as "
+        "identifiers, not read as features: store features as numbers."
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
