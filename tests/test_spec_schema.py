@@ -132,6 +132,17 @@ CASES = [
     ("methods #1", _set("methods", "grid", {"c_d": [1, 1]}), r"grid.c_d repeats a value"),
     ("methods #1", _set("methods", "select", {"c_d": 1}), "select.c_d must be a non-empty list"),
     ("top level", lambda raw: raw.update(extra={}), r"unknown key\(s\) \['extra'\]"),
+    # a misspelt required table or key: named beside the one that is missing
+    (
+        "splits",
+        lambda raw: raw.update(split=raw.pop("splits")),
+        r"missing table; add a \[splits\] section \(and \['split'\] is not a key here",
+    ),
+    (
+        "splits",
+        lambda raw: raw["splits"].update(sample_per_class=raw["splits"].pop("samples_per_class")),
+        r"missing key samples_per_class; .* \(and \['sample_per_class'\] is not a key here",
+    ),
 ]
 
 

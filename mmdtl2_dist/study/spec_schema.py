@@ -315,10 +315,18 @@ def _top_level(raw: Any, error: ValidationError) -> tuple[str, str]:
         return "top level", "the file must hold a table/mapping at top level."
     if error.validator == "required":
         missing = next(s for s in REQUIRED_SECTIONS if s not in raw)
+        typo = _misspelt(raw, SCHEMA)
         if missing == "methods":
-            return "methods", f"missing; add {SCHEMA['properties']['methods']['description']}."
-        return missing, f"missing table; add a [{missing}] section."
+            add = SCHEMA["properties"]["methods"]["description"]
+            return "methods", f"missing; add {add}{typo}."
+        return missing, f"missing table; add a [{missing}] section{typo}."
     return "top level", _unknown_keys(raw, SCHEMA)
+
+
+def _misspelt(table: dict, schema: dict) -> str:
+    """``" (and [x] is not a key here: misspelt?)"`` for the unknown keys of ``table``."""
+    unknown = sorted(set(table) - set(schema.get("properties", {})))
+    return f" (and {unknown} is not a key here: misspelt?)" if unknown else ""
 
 
 def _unknown_keys(table: dict, schema: dict) -> str:
@@ -333,7 +341,8 @@ def _table_message(section: str, schema: dict, error: ValidationError) -> str:
         return _unknown_keys(error.instance, schema)
     if error.validator == "required":
         key = next(k for k in schema["required"] if k not in error.instance)
-        return f"missing key {key}; add {key} = {schema['properties'][key]['description']}."
+        add = schema["properties"][key]["description"]
+        return f"missing key {key}; add {key} = {add}{_misspelt(error.instance, schema)}."
     if "description" in schema:
         return f"must be {schema['description']}, got {error.instance!r}."
     return f"must be a table, got {type(error.instance).__name__}."
