@@ -233,7 +233,12 @@ def test_integer_features_become_exact_float64_and_transpose(tmp_path):
         ("x.npy", b"not a numpy file", {}, "cannot read it as .npy"),
         ("v.npy", np.arange(5.0), {}, "expected a 2-D array"),
         ("x.npz", {"a": np.ones((4, 3)), "b": np.ones((4, 2))}, {}, "cannot tell which"),
-        ("y.npz", {"a": np.ones((4, 3))}, {"features_key": "zz"}, "no variable 'zz'"),
+        (
+            "y.npz",
+            {"a": np.ones((4, 3))},
+            {"features_key": "zz"},
+            "no variable 'zz'; it has \\['a'\\]. --features-key applies to every input",
+        ),
         ("z.npz", {"X": np.ones((4, 3)), "labels": np.ones(5)}, {}, "label has 5 entries"),
         ("s.csv", "f0,f1,kind\n1,2,x\n3,4,y\n", {}, "non-numeric feature column"),
         ("e.csv", "f0,f1\n", {}, "no samples"),

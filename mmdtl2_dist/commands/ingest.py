@@ -131,8 +131,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DEVICE:PATH",
         help="side table (csv/parquet) with label, class_name, group, sample_id",
     )
-    p.add_argument("--features-key", help="variable / list column holding the features")
-    p.add_argument("--labels-key", help="variable / column of integer labels")
+    p.add_argument(
+        "--features-key",
+        help="variable / list column holding the features, in every input (default: found)",
+    )
+    p.add_argument(
+        "--labels-key", help="variable / column of integer labels, in every input (default: found)"
+    )
     p.add_argument("--class-names-key", help="variable / column of class names")
     p.add_argument("--groups-key", help="variable / column of groups (patient, video)")
     p.add_argument("--ids-key", help="variable / column of original sample ids")

@@ -106,7 +106,12 @@ class IngestInput:
 def _pick_features(path, variables: dict, features_key):
     if features_key is not None:
         if features_key not in variables:
-            raise IngestError(f"{path}: no variable {features_key!r}; it has {sorted(variables)}.")
+            raise IngestError(
+                f"{path}: no variable {features_key!r}; it has {sorted(variables)}. "
+                "--features-key applies to every input: leave it out to let each file's one "
+                "2-D numeric variable be found, or save files that name it otherwise as "
+                ".npz with X (and y) first."
+            )
         return features_key
     known = {k for ks in DEFAULT_KEYS.values() for k in ks}
     cands = [
