@@ -23,11 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mmdtl2_dist.core.selection import PRIOR_WEIGHTS
-from mmdtl2_dist.datasets.office_caltech import SHIFTS
+from mmdtl2_dist.datasets.office_caltech import N_TRIALS, SHIFTS, SPACE
 
 #: Labelled target samples per class in Hoffman et al.'s split files.
 TARGET_PER_CLASS = 3
-N_SPLITS = 20
 
 #: The columns of the table, as ``[[methods]]`` entries of a study spec. Parameters not
 #: given are the core's defaults. The CV-selected column chooses the prior's mixing
@@ -68,15 +67,17 @@ def columns_named(labels: Sequence[str] | None) -> list[dict]:
 def office_spec(
     columns: Sequence[dict] = COLUMNS,
     shifts: Sequence[tuple[str, str]] = SHIFTS,
-    n_splits: int = N_SPLITS,
+    n_splits: int = N_TRIALS,
     *,
     output: str | Path,
 ):
     """The study of the protocol: these columns, shifts and the first ``n_splits`` splits."""
     from mmdtl2_dist.study.spec import parse_spec
 
-    if not 1 <= n_splits <= N_SPLITS:
-        raise ValueError(f"--trials must be between 1 and {N_SPLITS}, got {n_splits}.")
+    if not 1 <= n_splits <= N_TRIALS:
+        raise ValueError(
+            f"the number of splits (--trials) must be between 1 and {N_TRIALS}, got {n_splits}."
+        )
     raw = {
         "study": {
             "name": "office",
@@ -85,7 +86,7 @@ def office_spec(
         },
         "data": {
             "builtin": "office_caltech10",
-            "space": "surf800",
+            "space": SPACE,
             "pairs": [list(s) for s in shifts],
             "preprocessing": "l2_zscore",
         },

@@ -60,7 +60,7 @@ def test_office_gives_the_stored_numbers_bit_for_bit(tmp_path, capsys):
     ("args", "message"),
     [
         (["--methods", "MMDT"], "unknown column(s) ['MMDT']; choose from ['source SVM',"),
-        (["--trials", "0"], "--trials must be between 1 and 20, got 0."),
+        (["--trials", "0"], "the number of splits (--trials) must be between 1 and 20, got 0."),
         (["--shifts", "amazon"], "bad shift 'amazon'; use SRC-TGT with domains from"),
     ],
 )

@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and method, with one-tailed Welch t-test marks against the source and target "
         "SVM columns).",
     )
-    p.add_argument("--trials", type=int, default=20, help="number of splits per shift (1-20)")
+    p.add_argument(
+        "--trials", type=int, default=None, help="number of splits per shift (1-20; default all)"
+    )
     p.add_argument(
         "--shifts",
         nargs="+",
@@ -68,6 +70,7 @@ def _shifts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mmdtl2_dist.datasets.office_caltech import N_TRIALS
     from mmdtl2_dist.office import (
         COLUMNS,
         columns_named,
@@ -84,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{c['label']!r}: method={c['method']} {extra}")
         return 0
     columns, shifts = columns_named(args.methods), _shifts(args)
+    n_splits = N_TRIALS if args.trials is None else args.trials
     with study_folder(args.out) as folder:
-        spec = office_spec(columns, shifts, args.trials, output=folder)
+        spec = office_spec(columns, shifts, n_splits, output=folder)
         try:
             rep = run_office(
                 spec,
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         results = office_results(spec)
     wall = rep["timing"]["study_wall_s"]
     print(rep["summary"])
-    print(f"\n{len(shifts)} shifts x {args.trials} splits, {wall:.0f} s wall time.")
+    print(f"\n{len(shifts)} shifts x {n_splits} splits, {wall:.0f} s wall time.")
     if args.out:
         (args.out / "office_caltech10.md").write_text(rep["summary"] + "\n")
         serial = {"columns": results["columns"], "wall_s": wall, **results}

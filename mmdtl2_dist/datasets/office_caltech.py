@@ -39,7 +39,10 @@ _FILES = {
     "dslr": "dslr_SURF_L10",
     "caltech": "Caltech10_SURF_L10",
 }
+#: Hoffman et al.'s split files: 20 random trials per shift.
 N_TRIALS = 20
+#: The feature space of the bundled SURF features in a study spec.
+SPACE = "surf800"
 
 
 def _check_domain(name: str) -> None:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mmdtl2_dist.datasets.office_caltech import SPACE
 from mmdtl2_dist.store.atomic import write_json_atomic
 
-OFFICE_SPACE = "surf800"
+OFFICE_SPACE = SPACE
 
 
 def pair_name(source: str, target: str) -> str:
