@@ -265,16 +265,16 @@ def test_units_call_the_core_with_cv_and_test_gram(tmp_path, ray_local):
     from mmdtl2_dist.core.methods import GramProblem, fit_predict
     from mmdtl2_dist.core.selection import select_by_cv
     from mmdtl2_dist.study.preparation import compute_grams, prepare_data
-    from mmdtl2_dist.study.trial import _core_problem, evaluate_unit, unit_blocks
+    from mmdtl2_dist.study.trial import evaluate_unit, unit_problem
 
     spec = load_spec(write_spec(tmp_path), output=tmp_path / "u")
     store, split_file = prepare_data(spec)
     grams = compute_grams(spec, store, address=None, progress=False)
     plan = build_plan(spec, store, split_file, grams)
     pair, split = plan.pairs[0], plan.pairs[0].splits[0]
-    blocks, _ = unit_blocks(plan, pair, split, 3, need_qq=True)
-    q = blocks.yq.size
-    assert blocks.Kqq.shape == (q, q) and np.allclose(np.diag(blocks.Kqq), blocks.sq_q)
+    prob, yq, _ = unit_problem(plan, pair, split, 3, need_qq=True)
+    q = yq.size
+    assert prob.Kqq.shape == (q, q) and np.allclose(np.diag(prob.Kqq), prob.sq_q)
 
     trial = {"method": "mmdt_hoffman", "params": {"pca_dim": 5}, "n_per_class": 3}
     u = evaluate_unit(plan, pair, split, trial)
@@ -286,20 +286,17 @@ def test_units_call_the_core_with_cv_and_test_gram(tmp_path, ray_local):
     u = evaluate_unit(plan, pair, split, trial)
     # The same choice as calling the core directly on the unit's blocks.
     grid = [{**params, "c_d": c, "gamma": g} for c in (0.1, 1.0) for g in (None, 0.5)]
-    best, table = select_by_cv("mmdtl2", grid, _core_problem(blocks))
+    best, table = select_by_cv("mmdtl2", grid, prob)
     assert u["chosen"] == {"c_d": best["c_d"], "gamma": best["gamma"] or "auto"}
     assert u["cv_accuracy"] == max(r["cv_accuracy"] for r in table)
     direct = fit_predict(
         "mmdtl2",
         best,
         GramProblem(
-            **{
-                k: getattr(blocks, k)
-                for k in ("ys", "yt", "Kss", "Ktt", "Ktq", "sq_q", "Kst", "Ksq")
-            }
+            **{k: getattr(prob, k) for k in ("ys", "yt", "Kss", "Ktt", "Ktq", "sq_q", "Kst", "Ksq")}
         ),
     )
-    assert u["accuracy"] == pytest.approx(float(np.mean(direct.y_pred == blocks.yq)))
+    assert u["accuracy"] == pytest.approx(float(np.mean(direct.y_pred == yq)))
 
 
 def test_bundled_specs_use_core_parameter_names():
@@ -785,7 +782,7 @@ def test_auto_unit_learns_from_the_protocols_pool_only(tmp_path, ray_local, mode
     from mmdtl2_dist.core.auto import AUTO_RULE
     from mmdtl2_dist.estimators import MMDTL2
     from mmdtl2_dist.study.preparation import compute_grams, prepare_data
-    from mmdtl2_dist.study.trial import _features, evaluate_unit, unit_blocks
+    from mmdtl2_dist.study.trial import _features, evaluate_unit, unit_problem
 
     spec = load_spec(write_spec(tmp_path), output=tmp_path / "u")
     store, split_file = prepare_data(spec)
@@ -795,7 +792,7 @@ def test_auto_unit_learns_from_the_protocols_pool_only(tmp_path, ray_local, mode
     pair, split = plan.pairs[0], plan.pairs[0].splits[1]
     trial = {"method": "mmdtl2", "params": {}, "select": "auto", "n_per_class": 3}
     u = evaluate_unit(plan, pair, split, {**trial, "unlabelled": mode})
-    _, rows = unit_blocks(plan, pair, split, 3, unlabelled=mode)
+    _, _, rows = unit_problem(plan, pair, split, 3, unlabelled=mode)
     Xs = _features(pair.store, pair.source, pair.source_space, pair.source_gram)
     Xt = _features(pair.store, pair.target, pair.target_space, pair.target_gram)
     s, t, q = rows["source"], rows["target"], rows["test"]

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from mmdtl2_dist.core.methods import NEEDS_TEST_GRAM
+from mmdtl2_dist.core.methods import NEEDS_TEST_GRAM, GramProblem
 from mmdtl2_dist.study.baselines import skada_predict
 from mmdtl2_dist.study.plan import PairPlan, StudyPlan
 from mmdtl2_dist.study.plan import load_plan as read_plan
@@ -60,28 +59,6 @@ def load_plan(path: str) -> StudyPlan:
 @lru_cache(maxsize=4)
 def _read_plan_once(path: str, content: bytes) -> StudyPlan:
     return read_plan(path)
-
-
-@dataclass
-class Blocks:
-    """Gram blocks and labels of one unit (the inputs of a method).
-
-    Attributes are named as in the core's ``GramProblem``; ``yq`` are the test labels
-    (used only to score), ``Kst``/``Ksq`` are ``None`` unless both devices share a space,
-    ``Kqq`` (test x test, target space) is sliced only for methods that need it
-    (``mmdt_hoffman``'s transductive PCA).
-    """
-
-    ys: np.ndarray
-    yt: np.ndarray
-    yq: np.ndarray
-    Kss: np.ndarray
-    Ktt: np.ndarray
-    Ktq: np.ndarray
-    sq_q: np.ndarray
-    Kst: np.ndarray | None
-    Ksq: np.ndarray | None
-    Kqq: np.ndarray | None = None
 
 
 class _DenseGram:
@@ -127,18 +104,20 @@ def _needed_rows(plan: StudyPlan, path: str) -> np.ndarray:
     return np.unique(np.concatenate(rows))
 
 
-def unit_blocks(
+def unit_problem(
     plan: StudyPlan,
     pair: PairPlan,
     split: Split,
     n: int,
     need_qq: bool = False,
     unlabelled: str | dict = "non-test",
-) -> tuple[Blocks, dict]:
-    """Slice the blocks of one unit; also return the rows used.
+) -> tuple[GramProblem, np.ndarray, dict]:
+    """Slice the Gram blocks of one unit: its problem, its test labels and the rows used.
 
-    The rows serve the feature methods, and ``rows["pool"]`` is the unlabelled target
-    pool ``unlabelled`` (a canonical pool, :func:`~mmdtl2_dist.study.pools.unlabelled_pool`).
+    ``Kst``/``Ksq`` are None unless both devices share a space, ``Kqq`` (test × test) is
+    sliced only when ``need_qq`` (``mmdt_hoffman``'s transductive PCA). The rows serve
+    the feature methods, and ``rows["pool"]`` is the unlabelled target pool
+    ``unlabelled`` (a canonical pool, :func:`~mmdtl2_dist.study.pools.unlabelled_pool`).
     """
     t_local = labelled_subset(split, pair.y_target, n) if n > 0 else np.zeros(0, np.int64)
     s_local, q_local = split.source_train, split.target_test
@@ -148,10 +127,9 @@ def unit_blocks(
     Kst = Ksq = None
     if pair.shared:
         Kst, Ksq = gs.block(s, t), gs.block(s, q)
-    blocks = Blocks(
+    prob = GramProblem(
         ys=pair.y_source[s_local],
         yt=pair.y_target[t_local],
-        yq=pair.y_target[q_local],
         Kss=gs.block(s, s),
         Ktt=gt.block(t, t),
         Ktq=gt.block(t, q),
@@ -160,27 +138,15 @@ def unit_blocks(
         Ksq=Ksq,
         Kqq=gt.block(q, q) if need_qq else None,
     )
-    return blocks, {
-        "source": s_local,
-        "target": t_local,
-        "test": q_local,
-        "pool": unlabelled_pool(pair, split, t_local, unlabelled),
-    }
-
-
-def _core_problem(b: Blocks):
-    from mmdtl2_dist.core.methods import GramProblem
-
-    return GramProblem(
-        ys=b.ys,
-        yt=b.yt,
-        Kss=b.Kss,
-        Ktt=b.Ktt,
-        Ktq=b.Ktq,
-        sq_q=b.sq_q,
-        Kst=b.Kst,
-        Ksq=b.Ksq,
-        Kqq=b.Kqq,
+    return (
+        prob,
+        pair.y_target[q_local],
+        {
+            "source": s_local,
+            "target": t_local,
+            "test": q_local,
+            "pool": unlabelled_pool(pair, split, t_local, unlabelled),
+        },
     )
 
 
@@ -218,7 +184,7 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
 
     method = trial["method"]
     t0 = time.perf_counter()
-    blocks, rows = unit_blocks(
+    prob, yq, rows = unit_problem(
         plan, pair, split, trial["n_per_class"], method in NEEDS_TEST_GRAM,
         trial.get("unlabelled", "non-test"),
     )  # fmt: skip
@@ -227,31 +193,29 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
     chosen, cv_acc, cv_s, auto = {}, None, 0.0, None
     uses_pool = method in EXTRA_METHODS or select == "auto"
     if method in EXTRA_METHODS:
-        y_pred, info = _skada_unit(pair, rows, blocks, method, params)
+        y_pred, info = _skada_unit(pair, rows, prob, method, params)
     elif select == "auto":
-        y_pred, info, auto = _auto_unit(plan, pair, rows, blocks, params)
+        y_pred, info, auto = _auto_unit(plan, pair, rows, prob, params)
         chosen = {"auto": f"{auto['pick']}: {auto['label']}", "rule": auto["rule"]}
         cv_s = info["select_s"]
     else:
         from mmdtl2_dist.core.evaluate import evaluate
 
         select = {k: [core_params({k: v})[k] for v in vals] for k, vals in select.items()}
-        ev = evaluate(method, params, _core_problem(blocks), select)
+        ev = evaluate(method, params, prob, select)
         chosen = {k: _plain(trial_value(v, k)) for k, v in ev.chosen.items()}
         cv_acc, cv_s = ev.cv_accuracy, ev.cv_s
         y_pred, info = ev.result.y_pred, ev.result.info
     fit_s = time.perf_counter() - t1
     y_pred = np.asarray(y_pred)
-    per_class = {
-        str(int(k)): float(np.mean(y_pred[blocks.yq == k] == k)) for k in np.unique(blocks.yq)
-    }
+    per_class = {str(int(k)): float(np.mean(y_pred[yq == k] == k)) for k in np.unique(yq)}
     return {
         "pair": pair.name,
         "split": split.index,
-        "accuracy": float(np.mean(y_pred == blocks.yq)),
+        "accuracy": float(np.mean(y_pred == yq)),
         "per_class": per_class,
-        "n_test": int(blocks.yq.size),
-        "n_labelled": int(blocks.yt.size),
+        "n_test": int(yq.size),
+        "n_labelled": int(prob.yt.size),
         "fit_s": fit_s,
         "cv_s": cv_s,
         "slice_s": t1 - t0,
@@ -263,7 +227,7 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
     }
 
 
-def _auto_unit(plan: StudyPlan, pair: PairPlan, rows: dict, blocks: Blocks, params: dict):
+def _auto_unit(plan: StudyPlan, pair: PairPlan, rows: dict, prob: GramProblem, params: dict):
     """``select = "auto"`` on one unit (:func:`mmdtl2_dist.core.auto.fit_predict_auto`).
 
     The prior's pool is the unit's source training samples and ``rows["pool"]`` (the
@@ -285,11 +249,11 @@ def _auto_unit(plan: StudyPlan, pair: PairPlan, rows: dict, blocks: Blocks, para
     gt = dense_gram(pair.target_gram, _needed_rows(plan, pair.target_gram))
     s, u = pair.source_rows[s_local], pair.target_rows[U]
     pool = SamplePool(
-        blocks.Kss, gt.block(u, u), gs.block(s, u), np.arange(len(s)),
+        prob.Kss, gt.block(u, u), gs.block(s, u), np.arange(len(s)),
         np.searchsorted(U, t_local), np.searchsorted(U, q_local),
     )  # fmt: skip
     learn = np.r_[np.ones(len(s), bool), np.isin(U, np.union1d(rows["pool"], t_local))]
-    res, choice = fit_predict_auto(pool, blocks.ys, blocks.yt, params, learn=learn)
+    res, choice = fit_predict_auto(pool, prob.ys, prob.yt, params, learn=learn)
     record = {k: v for k, v in choice.record().items() if k != "table"}
     return res.y_pred, res.info, _plain(record)
 
@@ -310,14 +274,14 @@ def _features(store: str, device: str, space: str, gram: str) -> np.ndarray:
     return GramStore.open(gram).stats(device).transform(X)
 
 
-def _skada_unit(pair: PairPlan, rows: dict, blocks: Blocks, method: str, params: dict):
+def _skada_unit(pair: PairPlan, rows: dict, prob: GramProblem, method: str, params: dict):
     Xs_all = _features(pair.store, pair.source, pair.source_space, pair.source_gram)
     Xt_all = _features(pair.store, pair.target, pair.target_space, pair.target_gram)
     s, t, q, pool = rows["source"], rows["target"], rows["test"], rows["pool"]
     masked = np.full(pool.size, -1, dtype=np.int64)
     labelled = np.isin(pool, t)
     masked[labelled] = pair.y_target[pool[labelled]]
-    return skada_predict(method, params, Xs_all[s], blocks.ys, Xt_all[pool], masked, Xt_all[q])
+    return skada_predict(method, params, Xs_all[s], prob.ys, Xt_all[pool], masked, Xt_all[q])
 
 
 def run_units(
