@@ -505,6 +505,16 @@ def test_parameter_validation():
         MMDTL2(preprocessing="pca").fit_domains(Xs, ys, Xt, yt)
     with pytest.raises(ValueError, match="W0 must have shape"):
         MMDTL2(prior="matrix", W0=np.zeros((2, 2))).fit_domains(Xs, ys, Xt, yt)
+    with pytest.raises(ValueError, match="needs W0 of shape"):
+        MMDTL2(prior="matrix").fit_domains(Xs, ys, Xt, yt)
+    W0 = np.eye(Xs.shape[1], Xt.shape[1])
+    W0[0, 0] = np.nan
+    with pytest.raises(ValueError, match="W0 contains NaN or Inf"):
+        MMDTL2(prior="matrix", W0=W0).fit_domains(Xs, ys, Xt, yt)
+    from mmdtl2_dist.core.methods import GramProblem
+
+    with pytest.raises(ValueError, match="W0 contains NaN or Inf"):  # the core says the same
+        GramProblem.from_features(Xs, ys, Xt, yt, Xt, W0=W0)
 
 
 # --- extreme feature scales, label types, hinge weights, thread limits --------------------

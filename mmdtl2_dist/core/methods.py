@@ -116,7 +116,7 @@ class GramProblem:
         shared = Xs.shape[1] == Xt.shape[1]
         mapped = {}
         if W0 is not None:
-            M, w0 = _map_and_bias(W0, Xs.shape[1], Xt.shape[1])
+            M, w0 = prior_map(W0, Xs.shape[1], Xt.shape[1])
             U = Xt @ M.T + w0
             Uq = Xq @ M.T + w0
             mapped = {"Ksu": Xs @ U.T, "Kuu": U @ U.T, "Ksuq": Xs @ Uq.T, "Kuuq": U @ Uq.T}
@@ -171,20 +171,25 @@ class GramProblem:
             raise ValueError(f"GramProblem.sq_q has shape {self.sq_q.shape}, expected ({Q},).")
 
 
-def _map_and_bias(W0, Ls: int, Lt: int):
-    """``(M, w0)`` of a prior map ``W0 = [M | w0]`` of shape (Ls, Lt) or (Ls, Lt + 1).
+def prior_map(W0, Ls: int, Lt: int):
+    """``(M, w0)`` of a prior map ``W0 = [M | w0]`` of shape (Ls, Lt) or (Ls, Lt + 1), checked.
 
-    A :class:`~mmdtl2_dist.core.low_rank.LowRankMap` (shape (Ls, Lt), no bias) stays factored.
+    ``w0`` (Ls,) is zeros without a bias column. A
+    :class:`~mmdtl2_dist.core.low_rank.LowRankMap` (shape (Ls, Lt), no bias) stays factored.
     """
+    if W0 is None:
+        raise ValueError("prior='matrix' needs W0 of shape (Ls, Lt) or (Ls, Lt + 1).")
     if isinstance(W0, LowRankMap) and W0.shape == (Ls, Lt):
-        return W0, 0.0
+        return W0, np.zeros(Ls)
     W0 = np.asarray(W0, dtype=np.float64)
     if W0.shape not in ((Ls, Lt), (Ls, Lt + 1)):
         raise ValueError(
             f"W0 must have shape (Ls, Lt) = ({Ls}, {Lt}) or, with a bias column, "
             f"(Ls, Lt + 1) = ({Ls}, {Lt + 1}); got {W0.shape}."
         )
-    return W0[:, :Lt], (W0[:, Lt] if W0.shape[1] > Lt else 0.0)
+    if not np.all(np.isfinite(W0)):
+        raise ValueError("W0 contains NaN or Inf.")
+    return W0[:, :Lt], (W0[:, Lt] if W0.shape[1] > Lt else np.zeros(Ls))
 
 
 @dataclass

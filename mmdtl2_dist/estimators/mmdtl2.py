@@ -10,7 +10,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from mmdtl2_dist.core.adapter import AdapterState, check_features
 from mmdtl2_dist.core.low_rank import LowRankMap
-from mmdtl2_dist.core.methods import GramProblem, default_params, fit_mmdtl2_blocks
+from mmdtl2_dist.core.methods import GramProblem, default_params, fit_mmdtl2_blocks, prior_map
 from mmdtl2_dist.core.params import DEFAULTS
 from mmdtl2_dist.core.threads import one_thread
 from mmdtl2_dist.estimators.base import MAX_EXPLICIT_W, _AdaptationBase
@@ -247,13 +247,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         The map enters at weight 1: the core scales the mapped targets' Grams by
         ``prior_weight`` (:func:`~mmdtl2_dist.core.methods.prior_blocks`).
         """
-        W0 = None
-        if p["prior"] == "matrix":
-            W0 = (
-                p["W0"]
-                if isinstance(p["W0"], LowRankMap)
-                else self._user_map(p, Xs.shape[1], Xt.shape[1])
-            )
+        W0 = p["W0"] if p["prior"] == "matrix" else None
         return GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False, W0=W0)
 
     def _fit_chosen(self, Xs, ys, Xt, yt, p):
@@ -328,29 +322,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                     f"{Lt}; use prior='matrix' with a W0 of shape ({Ls}, {Lt})."
                 )
             return float(p["prior_weight"]), np.zeros(Ls)
-        if isinstance(p["W0"], LowRankMap):  # select="auto"'s shared-PCA prior P Pᵀ
-            return p["prior_weight"] * p["W0"], np.zeros(Ls)
-        if p["prior"] != "matrix":
-            raise ValueError(f"prior must be 'zero', 'identity' or 'matrix', got {p['prior']!r}.")
-        W0h = p["prior_weight"] * self._user_map(p, Ls, Lt)  # exact for the default weight 1
-        return W0h[:, :-1], W0h[:, -1]
-
-    @staticmethod
-    def _user_map(p, Ls, Lt):
-        """The user's map ``[M | w]`` of ``prior="matrix"``, checked, as (Ls, Lt + 1)."""
-        W0 = p["W0"]
-        if W0 is None:
-            raise ValueError("prior='matrix' needs W0 of shape (Ls, Lt) or (Ls, Lt + 1).")
-        W0 = np.asarray(W0, dtype=np.float64)
-        if W0.shape == (Ls, Lt):
-            W0 = np.hstack([W0, np.zeros((Ls, 1))])
-        if W0.shape != (Ls, Lt + 1):
-            raise ValueError(
-                f"W0 must have shape ({Ls}, {Lt}) or ({Ls}, {Lt + 1}), got {W0.shape}."
-            )
-        if not np.all(np.isfinite(W0)):
-            raise ValueError("W0 contains NaN or Inf.")
-        return W0
+        M, w = prior_map(p["W0"], Ls, Lt)  # a user's map, or select="auto"'s P Pᵀ
+        mu = p["prior_weight"]
+        return mu * M, mu * w  # exact for the default weight 1
 
     def _target_scores(self, X):
         return self.adapter_.decision_function(
