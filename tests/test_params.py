@@ -82,6 +82,16 @@ def test_unknown_parameter_named_alike_by_core_and_spec(method):
     with pytest.raises(SpecError) as spec:
         parse_spec(_spec(method, {"c_q": 1.0}))
     assert str(spec.value) == f"study spec: [methods #1] {core.value}"
+    if method in ("mmdtl2", "mmdt"):  # deployable: `mmdtl2 register --param c_q=1`
+        from mmdtl2_dist.deploy.training import _full_params
+
+        with pytest.raises(ValueError) as deploy:
+            _full_params(method, {"c_q": 1.0})
+        assert str(deploy.value) == str(core.value)
+    if method == "mmdtl2":  # a grid of the estimator's select
+        with pytest.raises(ValueError) as est:
+            MMDTL2(select=[{"c_q": 1.0}]).fit_domains(Xs, ys, Xt, yt)
+        assert str(est.value) == str(core.value)
 
 
 @pytest.mark.parametrize(("method", "name", "value", "message"), BAD)

@@ -246,16 +246,11 @@ def _select_copy(select) -> dict | str:
 
 def _full_params(method: str, params: dict) -> dict:
     from mmdtl2_dist.core.methods import default_params
+    from mmdtl2_dist.core.params import check_names
     from mmdtl2_dist.study.spec import core_params
 
-    p = default_params(method)
-    unknown = set(params) - set(p)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {sorted(unknown)} for {method}; valid: {sorted(p)}."
-        )
-    p.update(core_params(params))
-    return p
+    check_names(method, params)
+    return {**default_params(method), **core_params(params)}
 
 
 def explicit_config(

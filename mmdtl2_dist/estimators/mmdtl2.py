@@ -203,6 +203,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     def _select(self, Xs, ys, Xt, yt, base):
         """The candidate of ``select`` that cross-validates best (:func:`core.evaluate.choose`)."""
         from mmdtl2_dist.core.evaluate import choose
+        from mmdtl2_dist.core.params import check_names
         from mmdtl2_dist.core.selection import NAMED_GRIDS
 
         select = self.select
@@ -216,14 +217,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
             select = [dict(g) for g in NAMED_GRIDS[select]]
             if self.prior == "matrix":  # the weight of the user's map, not of the identity
                 select = [{k: v for k, v in g.items() if k != "prior"} for g in select]
-        keys = default_params("mmdtl2")  # the core's MMDTL2 parameters
         for g in select:
-            bad = set(g) - set(keys)
-            if bad:
-                raise ValueError(
-                    f"unknown parameter(s) {sorted(bad)} in select; valid: {sorted(keys)}."
-                )
-        core = {k: base[k] for k in keys}
+            check_names("mmdtl2", g)
+        core = {k: base[k] for k in default_params("mmdtl2")}
         matrix = any(g.get("prior", core["prior"]) == "matrix" for g in select)
         # CV uses the training blocks only: no test samples.
         prob = self._problem(Xs, ys, Xt, yt, {**base, "prior": "matrix"} if matrix else base)
