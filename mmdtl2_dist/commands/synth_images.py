@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 
+from mmdtl2_dist.commands import add_quiet_options
+from mmdtl2_dist.extract.synthetic import ImageSetSpec
+
 
 def run(args: argparse.Namespace) -> int:
-    from mmdtl2_dist.extract.synthetic import ImageSetSpec, make_image_set
+    from mmdtl2_dist.extract.synthetic import make_image_set
 
     spec = ImageSetSpec(
         n_source=args.n_source,
@@ -26,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     )
     out = make_image_set(args.folder, spec, overwrite=args.overwrite)
     n = (spec.n_source + spec.n_target) * spec.n_classes
-    print(f"{n} images in {out}/{{{spec.source_device},{spec.target_device}}}/CLASS/*.png")
+    if not args.quiet:
+        print(f"{n} images in {out}/{{{spec.source_device},{spec.target_device}}}/CLASS/*.png")
     return 0
 
 
@@ -40,14 +44,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "FOLDER/DEVICE/CLASS/K.png, ready for `mmdtl2 extract`."
         ),
     )
+    d = ImageSetSpec()
     p.add_argument("folder", help="folder to create")
-    p.add_argument("--n-source", type=int, default=20, help="source images per class (20)")
-    p.add_argument("--n-target", type=int, default=10, help="target images per class (10)")
-    p.add_argument("--classes", type=int, default=3, help="number of classes (3)")
-    p.add_argument("--size", type=int, default=64, help="image side in pixels (64)")
-    p.add_argument("--blur", type=float, default=1.5, help="target blur radius (1.5 px)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--source-device", default="scope_a")
-    p.add_argument("--target-device", default="scope_b")
+    p.add_argument(
+        "--n-source", type=int, default=d.n_source, help=f"source images per class ({d.n_source})"
+    )
+    p.add_argument(
+        "--n-target", type=int, default=d.n_target, help=f"target images per class ({d.n_target})"
+    )
+    p.add_argument(
+        "--classes", type=int, default=d.n_classes, help=f"number of classes ({d.n_classes})"
+    )
+    p.add_argument("--size", type=int, default=d.size, help=f"image side in pixels ({d.size})")
+    p.add_argument("--blur", type=float, default=d.blur, help=f"target blur radius ({d.blur} px)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--source-device", default=d.source_device)
+    p.add_argument("--target-device", default=d.target_device)
     p.add_argument("--overwrite", action="store_true", help="replace an image set it wrote")
+    add_quiet_options(p, "summary line", progress=False)
     p.set_defaults(func=run)
