@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from mmdtl2_dist.commands import add_tracking_uri_option
+from mmdtl2_dist.deploy.serve import DEFAULTS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,35 +56,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    d = DEFAULTS
     p.add_argument("--model", required=True, help="model URI, e.g. models:/NAME@champion")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("-p", "--port", type=int, default=5001, help="port (default 5001)")
+    p.add_argument("--host", default=d["host"], help=f"address to bind (default {d['host']})")
+    p.add_argument("-p", "--port", type=int, default=d["port"], help=f"port (default {d['port']})")
     p.add_argument(
-        "--workers", type=int, default=2, help="server processes, each with the model (default 2)"
+        "--workers",
+        type=int,
+        default=d["workers"],
+        help=f"server processes, each with the model (default {d['workers']})",
     )
+    mb = d["max_bytes"] / 2**20
     p.add_argument(
         "--max-request-mb",
         type=float,
-        default=32.0,
-        help="largest request body in MiB (default 32: about 25 rows of 64,896 features)",
+        default=mb,
+        help=f"largest request body in MiB (default {mb:g}: about 25 rows of 64,896 features)",
     )
     p.add_argument(
         "--max-rows",
         type=int,
-        default=10_000,
-        help="most rows (samples) in one request (default 10,000)",
+        default=d["max_rows"],
+        help=f"most rows (samples) in one request (default {d['max_rows']:,})",
     )
     p.add_argument(
         "--timeout",
         type=float,
-        default=60.0,
-        help="seconds to receive and score one request (default 60)",
+        default=d["timeout"],
+        help=f"seconds to receive and score one request (default {d['timeout']:g})",
     )
     p.add_argument(
         "--limit-concurrency",
         type=int,
-        default=8,
-        help="open connections per worker before 503 (default 8)",
+        default=d["limit_concurrency"],
+        help=f"open connections per worker before 503 (default {d['limit_concurrency']})",
     )
     add_tracking_uri_option(p, "MLFLOW_TRACKING_URI")
     p.set_defaults(func=run)

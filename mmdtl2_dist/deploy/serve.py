@@ -271,17 +271,25 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+#: The server's defaults (``mmdtl2 serve`` shows them): loopback only; 32 MiB is about 25
+#: rows of 64,896 features as JSON.
+DEFAULTS = {
+    "host": "127.0.0.1", "port": 5001, "workers": 2, "max_bytes": 32 * 2**20,
+    "max_rows": 10_000, "timeout": 60.0, "limit_concurrency": 8,
+}  # fmt: skip
+
+
 def serve(
     model_uri: str,
     *,
     tracking_uri: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 5001,
-    workers: int = 2,
-    max_bytes: int = 32 * 2**20,
-    max_rows: int = 10_000,
-    timeout: float = 60.0,
-    limit_concurrency: int = 8,
+    host: str = DEFAULTS["host"],
+    port: int = DEFAULTS["port"],
+    workers: int = DEFAULTS["workers"],
+    max_bytes: int = DEFAULTS["max_bytes"],
+    max_rows: int = DEFAULTS["max_rows"],
+    timeout: float = DEFAULTS["timeout"],
+    limit_concurrency: int = DEFAULTS["limit_concurrency"],
 ) -> None:
     """Download ``model_uri`` and serve it until interrupted.
 
