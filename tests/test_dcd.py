@@ -283,3 +283,28 @@ def test_svm_step_in_signed_variables_equals_the_per_class_dual_to_the_bit(seed)
             q = got.qps[k]
             assert np.array_equal(q.x, ref.x) and np.array_equal(got.coef[:, k], ref.x * Y[k])
             assert (q.kkt_residual, q.objective) == (ref.kkt_residual, ref.objective)
+
+
+def test_a_reused_first_svm_is_a_fresh_solve_to_the_bit_and_the_callers_own():
+    """``svm_step_reused`` (MMDTL2's first SVM, shared by the fits of a selection): the
+    same result as solving again, a hit only for identical inputs, a copy per caller."""
+    from mmdtl2_dist.core import svm as svm_mod
+    from mmdtl2_dist.core.svm import one_vs_rest, svm_step, svm_step_reused
+
+    rng = np.random.default_rng(7)
+    X, y = rng.normal(size=(60, 5)), rng.integers(0, 3, 60)
+    K, Y, cost = X @ X.T, one_vs_rest(y, 3), np.full(60, 0.1)
+    svm_mod._reused.clear()
+    fresh = svm_step(K, Y, cost)
+    first = svm_step_reused(K, Y, cost)
+    again = svm_step_reused(K, Y, cost)
+    assert len(svm_mod._reused) == 1  # the second call was a hit
+    for r in (first, again):
+        np.testing.assert_array_equal(r.coef, fresh.coef)
+        np.testing.assert_array_equal(r.b, fresh.b)
+    again.coef[:] = 0.0  # a caller's copy: the kept result is untouched
+    np.testing.assert_array_equal(svm_step_reused(K, Y, cost).coef, fresh.coef)
+    other = svm_step_reused(K, Y, np.full(60, 0.2))  # another c_s: solved, not reused
+    assert len(svm_mod._reused) == 2 and not np.array_equal(other.coef, fresh.coef)
+    svm_step_reused(K, Y, cost, tol=1e-6)  # another tolerance: another entry
+    assert len(svm_mod._reused) == 3

@@ -61,7 +61,7 @@ import numpy as np
 from mmdtl2_dist.core.errors import QPSolveError
 from mmdtl2_dist.core.params import DEFAULTS, WEIGHT_ADVICE, check_values
 from mmdtl2_dist.core.preprocessing import SCALE_FIX, check_scale
-from mmdtl2_dist.core.svm import one_vs_rest, svm_step
+from mmdtl2_dist.core.svm import one_vs_rest, svm_step, svm_step_reused
 from mmdtl2_dist.core.threads import one_thread
 from mmdtl2_dist.core.wstep import WStepResult, solve_wstep
 
@@ -322,7 +322,8 @@ def _initial_svm(Kz, Ys, Yt, params: MMDTL2Params, init: str):
         idx, cost, Y0 = np.arange(N), np.full(N, params.c_s), Ys
     else:
         raise ValueError(f"init must be 'source' or 'source+prior', got {init!r}.")
-    svm = svm_step(Kz[np.ix_(idx, idx)], Y0, cost, solver=params.qp_solver, tol=params.qp_tol)
+    K0 = Kz[np.ix_(idx, idx)]
+    svm = svm_step_reused(K0, Y0, cost, solver=params.qp_solver, tol=params.qp_tol)
     return svm, idx, Y0
 
 
