@@ -8,10 +8,7 @@ the parsed arguments and returning an exit status).
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
-import os
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -59,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    warnings.formatwarning = _one_line_warning(args.command)
+    shown_before = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning(args.command, shown_before)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -74,59 +72,30 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         from mmdtl2_dist.store.outputs import NO_ROOM
 
-        if exc.errno in NO_ROOM:
-            # A full disk or quota: not the user's input, but no bug either; the message
-            # names the folder and what to do.
-            print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)
-            return 1
-        why = path_refusal(exc)
-        if why is None:
+        if exc.errno not in NO_ROOM:
             raise
-        print(f"mmdtl2 {args.command}: error: {why}", file=sys.stderr)
-        return 2
+        # A full disk or quota: not the user's input, but no bug either; the message
+        # names the folder and what to do.
+        print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        warnings.formatwarning = shown_before
 
 
-def _one_line_warning(command: str):
-    """``warnings`` shown as ``mmdtl2 COMMAND: warning: ...``, without the source line."""
+def _one_line_warning(command: str, other):
+    """A ``warnings`` formatter: mmdtl2's own as ``mmdtl2 COMMAND: warning: ...``.
+
+    Their source line says nothing to a user; other libraries' warnings are formatted by
+    ``other``.
+    """
+    package = str(Path(__file__).resolve().parent)
 
     def show(message, category, filename, lineno, line=None) -> str:
-        return f"mmdtl2 {command}: warning: {message}\n"
+        if str(Path(filename).resolve()).startswith(package):
+            return f"mmdtl2 {command}: warning: {message}\n"
+        return other(message, category, filename, lineno, line)
 
     return show
-
-
-#: Errors of a path the user gave: no permission, a read-only file system, a file where
-#: a folder must be (or the reverse).
-PATH_ERRNOS = {
-    errno.EACCES: "no permission",
-    errno.EPERM: "not permitted",
-    errno.EROFS: "a read-only file system",
-    errno.EEXIST: "a file is in the way of a folder",
-    errno.ENOTDIR: "a file is in the way of a folder",
-    errno.EISDIR: "a folder where a file must be",
-}
-
-
-def path_refusal(exc: OSError) -> str | None:
-    """One line on an unusable path the user gave (None for other errors).
-
-    Names the output, not the hidden sibling it is staged under
-    (:mod:`mmdtl2_dist.store.outputs`).
-    """
-    if exc.errno not in PATH_ERRNOS:
-        return None
-    if not exc.filename:  # raised by this system with its own message
-        return exc.strerror
-    path = Path(os.fsdecode(exc.filename))
-    staged = re.fullmatch(r"\.(.+)\.(tmp|old)-.+", path.name)
-    if staged:
-        path = path.parent / staged[1]
-    fix = (
-        "choose another path"
-        if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
-        else "give a path in a folder you can write to"
-    )
-    return f"cannot use {path}: {PATH_ERRNOS[exc.errno]} ({exc.strerror}); {fix}."
 
 
 if __name__ == "__main__":

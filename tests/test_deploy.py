@@ -595,6 +595,12 @@ def test_predict_wrong_dimension_says_only_what_is_wrong(registered, tmp_path, c
     assert _predict(registered, tmp_path / "strings.parquet", tmp_path / "o.csv") == 2
     err = capsys.readouterr().err
     assert "has 19 features" in err and "Its columns 'f5' are not numbers" in err
+    # features in a list column: the other columns are identifiers, numbers or not
+    lists = pd.DataFrame({"features": list(X[:, :5]), "weight": 1.0, "sample_id": "a"})
+    lists.to_parquet(tmp_path / "lists.parquet")
+    assert _predict(registered, tmp_path / "lists.parquet", tmp_path / "o.csv") == 2
+    err = capsys.readouterr().err
+    assert "has 5 features" in err and "not numbers" not in err
 
 
 def test_predict_without_store_creates_nothing(tmp_path, monkeypatch, capsys):

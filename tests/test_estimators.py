@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from mmdt_explicit import fit_mmdt_explicit
@@ -507,6 +509,8 @@ def test_parameter_validation():
         MMDTL2(prior="matrix", W0=np.zeros((2, 2))).fit_domains(Xs, ys, Xt, yt)
     with pytest.raises(ValueError, match="needs W0 of shape"):
         MMDTL2(prior="matrix").fit_domains(Xs, ys, Xt, yt)
+    with pytest.raises(ValueError, match="needs W0 of shape"):  # a grid naming the prior
+        MMDTL2(select=[{"prior": "matrix"}, {"prior": "zero"}]).fit_domains(Xs, ys, Xt, yt)
     W0 = np.eye(Xs.shape[1], Xt.shape[1])
     W0[0, 0] = np.nan
     with pytest.raises(ValueError, match="W0 contains NaN or Inf"):
@@ -663,3 +667,13 @@ def test_estimator_fits_through_the_core_gram_form_bit_for_bit():
     base = {**default_params("mmdtl2"), "prior": "identity"}
     c = choose("mmdtl2", base, GramProblem.from_features(Xs, ys, Xt, yt, Xq), grid)
     assert est.selection_ == c.table and est.selected_params_ == c.chosen
+
+
+def test_mmdt_pickled_by_the_explicit_w_version_asks_for_a_refit():
+    """An MMDT pickled before it was MMDTL2 with fixed settings (only W_, no adapter)."""
+    Xs, ys, Xt, yt, Xq, _ = make_devices(1, Lt=4)
+    m = MMDT().fit_domains(Xs, ys, Xt, yt)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(m)).predict(Xq), m.predict(Xq))
+    old = {k: v for k, v in m.__getstate__().items() if k != "adapter_"}
+    with pytest.raises(ValueError, match="fit it again"):
+        MMDT.__new__(MMDT).__setstate__(old)

@@ -243,6 +243,9 @@ def test_bad_image_fails_naming_it_then_skip_bad_lists_it(ray_local, images, tmp
     assert skipped.reason[0] and f"broken.png: {skipped.reason[0]}; replace or remove it" in err
     assert fs.provenance["extraction"]["n_skipped"] == 1
     assert set(fs.metadata.group[fs.metadata.device == "scope_b"]) == {""}
+    # its own side file does not stop --overwrite (only a user's files do)
+    assert main([*args, "--skip-bad", "--overwrite"]) == 0, capsys.readouterr().err
+    assert (out / "skipped_images.csv").is_file()
 
 
 def test_missing_image_fails_fast_naming_it(images, tmp_path, capsys):

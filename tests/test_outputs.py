@@ -92,7 +92,17 @@ def test_overwrite_replaces_our_own_store(tmp_path, capsys):
     assert FeatureStore.open(tmp_path / "empty").fingerprint == first
 
 
-@pytest.mark.parametrize("inside", ["NOTES.txt", "plots/p.png", "features/mine.csv"])
+@pytest.mark.parametrize(
+    "inside",
+    [
+        "NOTES.txt",
+        "plots/p.png",
+        "features/mine.csv",
+        "features/my_extra/pca50/zarr.json",  # an array of the user's beside the store's
+        "features/source/conv3/c/0/notes",
+        "skipped_images.csv.bak",
+    ],
+)
 def test_overwrite_keeps_our_store_that_holds_a_users_file(tmp_path, capsys, inside):
     """A store this system wrote, with a file of the user's put inside it: --overwrite
     would delete that file with the store, so it is refused and nothing changes."""
@@ -120,12 +130,17 @@ def test_overwrite_keeps_our_image_set_that_holds_a_users_image(tmp_path, capsys
 
     spec = ImageSetSpec(n_source=1, n_target=1, n_classes=2, size=16)
     folder = make_image_set(tmp_path / "imgs", spec)
-    (folder / "scope_a" / "class0" / "patient.png").write_bytes(b"x")
-    with pytest.raises(OutputPathError, match=r"did not write \('scope_a/class0/patient.png'\)"):
-        make_image_set(folder, spec, overwrite=True)
-    assert (folder / "scope_a" / "class0" / "patient.png").read_bytes() == b"x"
-    (folder / "scope_a" / "class0" / "patient.png").unlink()
+    # named like the set's own images, but not among those its marker lists
+    for added in ("scope_a/class0/patient.png", "scope_a/class0/00042.png", "x/class7/00000.png"):
+        (folder / added).parent.mkdir(parents=True, exist_ok=True)
+        (folder / added).write_bytes(b"x")
+        with pytest.raises(OutputPathError, match=rf"did not write \('{added}'\)"):
+            make_image_set(folder, spec, overwrite=True)
+        assert (folder / added).read_bytes() == b"x"
+        (folder / added).unlink()
     make_image_set(folder, spec, overwrite=True)  # only its own images: replaced
+    with pytest.raises(ValueError, match="two names"):
+        make_image_set(tmp_path / "same", ImageSetSpec(source_device="a", target_device="a"))
 
 
 def test_symlink_is_not_replaced(tmp_path):
@@ -319,26 +334,40 @@ def test_killed_swap_is_recovered(tmp_path, when):
 
 
 def test_an_unusable_output_path_is_one_line_and_exit_2(tmp_path, capsys):
-    """A file where the output's folder must be: one line naming it, no traceback."""
+    """A file where the output's folder must be: one line naming both, no traceback."""
     np.save(tmp_path / "x.npy", np.ones((4, 3), np.float32))
     (tmp_path / "token").write_text("keep me")
     out = tmp_path / "token" / "x.zarr"
     assert main(["ingest", str(out), "-i", f"a:s:{tmp_path / 'x.npy'}", "-q"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"mmdtl2 ingest: error: cannot use {tmp_path / 'token'}: a file is")
-    assert "choose another path" in err and "Traceback" not in err
+    assert err.startswith(f"mmdtl2 ingest: error: cannot write {out}: {tmp_path / 'token'} is a")
+    assert "give a path in a folder you can write to" in err and "Traceback" not in err
     assert (tmp_path / "token").read_text() == "keep me"
 
 
-def test_a_denied_staged_output_is_named_by_its_own_path():
-    """Permission errors name the output the user gave, not its hidden staging sibling."""
+def test_a_folder_without_write_permission_is_named(tmp_path, monkeypatch):
+    """No permission (or a read-only file system): the folder and the reason, found before
+    anything is written (root ignores permission bits, so the refusal is simulated)."""
     import errno
+    import tempfile
 
-    from mmdtl2_dist.cli import path_refusal
+    from mmdtl2_dist.store.outputs import OutputPathError, make_output_folder
 
-    exc = PermissionError(errno.EACCES, "Permission denied", "/data/.s.zarr.tmp-h-12-0a1b2c3d")
-    assert path_refusal(exc) == (
-        "cannot use /data/s.zarr: no permission (Permission denied); give a path in a folder "
-        "you can write to."
+    def denied(*args, **kw):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "ro"))
+
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    with pytest.raises(OutputPathError) as info:
+        StagedOutput(tmp_path / "ro" / "s.zarr")
+    assert str(info.value) == (
+        f"cannot write {tmp_path / 'ro' / 's.zarr'}: no files can be created in "
+        f"{tmp_path / 'ro'} (Permission denied); give a path in a folder you can write to."
     )
-    assert path_refusal(OSError(errno.EIO, "I/O error", "/data/s.zarr")) is None  # a fault
+
+    def broken(*args, **kw):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(tempfile, "mkstemp", broken)
+    with pytest.raises(OSError, match="I/O error"):  # a fault, not a path to change
+        make_output_folder(tmp_path / "ro", tmp_path / "ro" / "s.zarr")

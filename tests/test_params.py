@@ -49,6 +49,11 @@ def _problem():
     return Xs, ys, Xt, yt, Xq
 
 
+def _problem_blocks():
+    Xs, ys, Xt, yt, Xq = _problem()
+    return GramProblem.from_features(Xs, ys, Xt, yt, Xq)
+
+
 def _spec(method, params):
     return {
         "study": {"name": "t"},
@@ -88,6 +93,9 @@ def test_unknown_parameter_named_alike_by_core_and_spec(method):
         with pytest.raises(ValueError) as deploy:
             _full_params(method, {"c_q": 1.0})
         assert str(deploy.value) == str(core.value)
+    if method == "mmdt":  # what MMDT fixes is named, with the method that sets it
+        with pytest.raises(ValueError, match=r"MMDT fixes \['c_d', 'c_f'\] .* method 'mmdtl2'"):
+            fit_predict(method, {"c_f": 0.5, "c_d": 1.0}, _problem_blocks())
     if method == "mmdtl2":  # a grid of the estimator's select
         with pytest.raises(ValueError) as est:
             MMDTL2(select=[{"c_q": 1.0}]).fit_domains(Xs, ys, Xt, yt)

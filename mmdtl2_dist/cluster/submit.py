@@ -350,13 +350,16 @@ def check_job(client: JobSubmissionClient, job_id: str) -> None:
     try:
         client.get_job_info(job_id)
     except RuntimeError as exc:
-        if "does not exist" in str(exc) or "404" in str(exc):
-            raise _no_such_job(job_id) from None
+        _raise_if_no_such_job(exc, job_id)
         raise
 
 
-def _no_such_job(job_id: str) -> ValueError:
-    return ValueError(f"the cluster has no job {job_id!r}; `ray job list --address ...` lists them")
+def _raise_if_no_such_job(exc: RuntimeError, job_id: str) -> None:
+    """Raise ValueError naming the fix when the Jobs API's error says ``job_id`` is unknown."""
+    if "does not exist" in str(exc) or "404" in str(exc):
+        raise ValueError(
+            f"the cluster has no job {job_id!r}; `ray job list --address ...` lists them"
+        ) from None
 
 
 def follow_job(
@@ -452,8 +455,7 @@ def stop_job(
     try:
         client.stop_job(job_id)
     except RuntimeError as exc:
-        if "does not exist" in str(exc) or "404" in str(exc):
-            raise _no_such_job(job_id) from None
+        _raise_if_no_such_job(exc, job_id)
         raise
     if not wait:
         return client.get_job_status(job_id)

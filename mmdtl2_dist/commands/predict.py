@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _not_features(batch, n_features: int | None) -> str:
     """On a width mismatch, the input's columns that were not read as features."""
-    other = [str(c) for c in batch.ids.columns if c != "row"]
+    other = list(batch.not_numbers)
     if not other or n_features is None or batch.X.shape[1] == n_features:
         return ""
     more = f" and {len(other) - 5} more" if len(other) > 5 else ""

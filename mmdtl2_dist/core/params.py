@@ -199,9 +199,16 @@ def check_names(method: str, names: Iterable[str]) -> None:
     valid = DEFAULTS[method]
     bad = sorted(set(names) - set(valid))
     if bad:
+        fixed = sorted(set(bad) & set(MMDT_FIXED)) if method == "mmdt" else []
+        hint = (
+            f" MMDT fixes {fixed} (it is MMDTL2 with c_f = 1, c_d = 0, the linear kernel and "
+            "the zero prior): use method 'mmdtl2' to set them."
+            if fixed
+            else ""
+        )
         raise ValueError(
             f"method {method!r} has no parameter {', '.join(map(repr, bad))}; "
-            f"its parameters are {sorted(valid)}."
+            f"its parameters are {sorted(valid)}.{hint}"
         )
 
 

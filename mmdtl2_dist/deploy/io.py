@@ -35,10 +35,15 @@ OUTPUT_SUFFIXES = (".parquet", ".csv")
 
 @dataclass
 class Batch:
-    """Features of consecutive samples and the columns that identify them."""
+    """Features of consecutive samples and the columns that identify them.
+
+    ``not_numbers``: columns of a one-column-per-feature table left out of the features
+    because they do not hold numbers (copied to the output with the identifiers).
+    """
 
     X: np.ndarray
     ids: pd.DataFrame
+    not_numbers: tuple[str, ...] = ()
 
 
 def _is_zarr(path: Path) -> bool:
@@ -123,6 +128,7 @@ def _parquet(path: Path, batch_size: int) -> Iterator[Batch]:
                 "column per feature or a list column named 'features'."
             )
     id_cols = [n for n in schema.names if n not in feature_cols]
+    not_numbers = () if feature_cols == ["features"] else tuple(id_cols)
     start = 0
     for rb in pf.iter_batches(batch_size=batch_size):
         if feature_cols == ["features"]:
@@ -134,7 +140,7 @@ def _parquet(path: Path, batch_size: int) -> Iterator[Batch]:
         ids = rb.select(id_cols).to_pandas() if id_cols else pd.DataFrame(index=range(rb.num_rows))
         ids.insert(0, "row", np.arange(start, start + rb.num_rows))
         start += rb.num_rows
-        yield Batch(X, ids.reset_index(drop=True))
+        yield Batch(X, ids.reset_index(drop=True), not_numbers)
 
 
 def _zarr(path: Path, batch_size: int, device, space) -> Iterator[Batch]:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.feature_store import FeatureStore
+from mmdtl2_dist.store.outputs import NO_ROOM, OutputPathError
 
 GRAM_DIR_SUFFIX = ".grams"
 #: Errors of a file system that offers no advisory locks (some NFS set-ups, FUSE mounts).
@@ -76,8 +77,9 @@ def make_gram_dir(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OSError(
-            exc.errno,
+        if exc.errno in NO_ROOM:
+            raise
+        raise OutputPathError(
             f"cannot create the Gram folder {folder} ({exc.strerror}); choose a writable "
             'one with `mmdtl2 gram --gram-dir DIR` or `gram_dir = "DIR"` in a study '
             "spec's [data] (by default Grams are kept beside the store, in "
@@ -99,8 +101,9 @@ def gram_lock(out: Path, progress: bool | None = None) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
-        raise OSError(
-            exc.errno,
+        if exc.errno in NO_ROOM:
+            raise
+        raise OutputPathError(
             f"cannot create the lock file {path} ({exc.strerror}); computing a Gram needs "
             f"a writable folder for it: choose another one (`mmdtl2 gram --gram-dir DIR` "
             'or `--out DIR`, or `gram_dir = "DIR"` in a study spec\'s [data]).',

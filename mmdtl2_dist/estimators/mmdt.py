@@ -61,6 +61,14 @@ class MMDT(MMDTL2):
         self.W_ = self.transform_matrix() if small else None
         return self
 
+    def __setstate__(self, state: dict) -> None:
+        if "W_" in state and "adapter_" not in state:
+            raise ValueError(
+                "this MMDT was fitted by an earlier mmdtl2-dist, which kept only the explicit "
+                "W; it cannot predict with this version: fit it again."
+            )
+        super().__setstate__(state)
+
     def _fit_params(self) -> dict:
         own = self.get_params(deep=False)
         return {**mmdt_as_mmdtl2({k: own[k] for k in _MMDT}), **own, "W0": None, "select": None}

@@ -243,7 +243,10 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         The map enters at weight 1: the core scales the mapped targets' Grams by
         ``prior_weight`` (:func:`~mmdtl2_dist.core.methods.prior_blocks`).
         """
-        W0 = p["W0"] if p["prior"] == "matrix" else None
+        W0 = None
+        if p["prior"] == "matrix":
+            W0 = p["W0"]
+            prior_map(W0, Xs.shape[1], Xt.shape[1])  # checked: given, its shape, finite
         return GramProblem.from_features(Xs, ys, Xt, yt, Xt[:0], test_gram=False, W0=W0)
 
     def _fit_chosen(self, Xs, ys, Xt, yt, p):

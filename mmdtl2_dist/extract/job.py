@@ -57,7 +57,7 @@ from mmdtl2_dist.extract.store_fill import StoreAfter, StoreJob, StreamedStore
 from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.layout import check_name
-from mmdtl2_dist.store.outputs import FEATURE_STORE, OutputKind, claim_output
+from mmdtl2_dist.store.outputs import FEATURE_STORE, OutputKind, claim_output, make_output_folder
 
 JOB_FORMAT = "mmdtl2-extract/1"
 JOB_FILE = "job.json"
@@ -326,7 +326,7 @@ def extract(
     shard_rows = choose_shard_rows(ex.dims, opt.batch_size, opt.shard_rows)
     job = _job_spec(table, spec, ex, pre, shard_rows)
     work = work_folder(out)
-    work.parent.mkdir(parents=True, exist_ok=True)
+    make_output_folder(work.parent, out)
     resumed, fd = _open_work(work, job, table, opt.restart)
     try:
         _clear_temporaries(work / SHARDS_DIR)

@@ -37,8 +37,9 @@ from mmdtl2_dist.extract.model import Extractor, Preprocessing
 from mmdtl2_dist.extract.shards import read_shard
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.feature_store import FeatureStore, StoreWriter
+from mmdtl2_dist.store.layout import SIDE_FILES
 
-SKIPPED_FILE = "skipped_images.csv"
+SKIPPED_FILE = SIDE_FILES[0]
 
 
 @dataclass(frozen=True)

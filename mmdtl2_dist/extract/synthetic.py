@@ -15,9 +15,9 @@ and Pillow only (no torch).
 
 from __future__ import annotations
 
+import json
 import os
-import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +42,21 @@ class ImageSetSpec:
     target_device: str = "scope_b"
 
 
+def _image_set_files(path: Path) -> set[str]:
+    """The files an image set's marker lists (with the marker); none from an unreadable one."""
+    try:
+        files = json.loads((path / MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        files = None
+    return {MARKER, *(f for f in files or [] if isinstance(f, str))}
+
+
 IMAGE_SET = OutputKind(
     "synthetic image set",
     is_dir=True,
     recognise=lambda p: (p / MARKER).is_file(),
     replace_hint="pass --overwrite to replace it",
-    written=re.compile(rf"{re.escape(MARKER)}|[^/]+/class[0-9]+/[0-9]{{5}}\.png"),
+    written=_image_set_files,
 )
 
 
@@ -86,6 +95,11 @@ def make_image_set(out: str | os.PathLike, spec: ImageSetSpec, overwrite: bool =
 
     if min(spec.n_source, spec.n_target, spec.n_classes, spec.size) < 1:
         raise ValueError(f"image set sizes must be positive, got {spec}.")
+    if spec.source_device == spec.target_device:
+        raise ValueError(
+            f"the two devices need two names, got {spec.source_device!r} for both; change "
+            "--source-device or --target-device."
+        )
     out = Path(out).expanduser().absolute()
     replace = claim_output(out, IMAGE_SET, overwrite=overwrite)
     rng = np.random.default_rng(spec.seed)
@@ -103,5 +117,6 @@ def make_image_set(out: str | os.PathLike, spec: ImageSetSpec, overwrite: bool =
                         else _target_view(rgb, spec.blur)
                     )
                     img.save(folder / f"{k:05d}.png")
-        (tmp / MARKER).write_text(repr(spec) + "\n")
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*.png"))
+        (tmp / MARKER).write_text(json.dumps({"spec": asdict(spec), "files": files}) + "\n")
     return out

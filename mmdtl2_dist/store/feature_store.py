@@ -28,6 +28,7 @@ from mmdtl2_dist.store.layout import (
     METADATA_COLUMNS,
     METADATA_FILE,
     ROOT_ATTR,
+    SIDE_FILES,
     array_key,
     check_name,
     choose_chunks,
@@ -170,8 +171,8 @@ class StoreWriter:
 
     def add_file(self, name: str, data: bytes) -> None:
         """Add a side file at the store's top level (e.g. the list of skipped images)."""
-        if name in (METADATA_FILE, "zarr.json", FEATURES_GROUP) or "/" in name or name[:1] == ".":
-            raise ValueError(f"{name!r} cannot be a side file of a feature store.")
+        if name not in SIDE_FILES:
+            raise ValueError(f"{name!r} is not a side file of a feature store: {SIDE_FILES}.")
         self._files[name] = bytes(data)
 
     def commit(self) -> None:

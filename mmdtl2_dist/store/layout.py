@@ -24,6 +24,9 @@ import re
 FORMAT_VERSION = 1
 ROOT_ATTR = "mmdtl2_feature_store"
 METADATA_FILE = "metadata.parquet"
+#: Files a writer may add at a store's top level (``StoreWriter.add_file``): the images
+#: ``mmdtl2 extract --skip-bad`` left out.
+SIDE_FILES = ("skipped_images.csv",)
 FEATURES_GROUP = "features"
 METADATA_COLUMNS = ("device", "space", "row", "label", "class_name", "group", "sample_id")
 

@@ -36,12 +36,13 @@ import re
 import shutil
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmdtl2_dist.store.layout import FEATURES_GROUP, METADATA_FILE, ROOT_ATTR
+from mmdtl2_dist.store.layout import FEATURES_GROUP, METADATA_FILE, ROOT_ATTR, SIDE_FILES
 
 #: ``errno`` values of an output that found no room: a full disk or quota.
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
@@ -68,25 +69,51 @@ class OutputKind:
         system (checks the signature only; must not raise).
     replace_hint : str
         How to ask for a replacement (said only about outputs of this kind).
-    written : re.Pattern or None
-        For a directory that is replaced: the relative POSIX paths of the files this
-        system writes in it. Any other file (or a symbolic link) in it is the user's, and
-        a replacement that would delete it is refused (:func:`foreign_files`).
+    written : callable or None
+        For a directory that is replaced: ``written(path)`` is the set of relative POSIX
+        paths of the files this system wrote in it (read from the output's own record).
+        Any other file (or a symbolic link) in it is the user's, and a replacement that
+        would delete it is refused (:func:`foreign_files`).
     """
 
     what: str
     is_dir: bool
     recognise: Callable[[Path], bool]
     replace_hint: str = "pass --overwrite to replace it"
-    written: re.Pattern | None = None
+    written: Callable[[Path], set[str]] | None = None
 
 
-def _is_feature_store(path: Path) -> bool:
+def _store_record(path: Path) -> dict | None:
     try:
         attrs = json.loads((path / "zarr.json").read_text()).get("attributes") or {}
     except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(attrs, dict) and ROOT_ATTR in attrs
+        return None
+    record = attrs.get(ROOT_ATTR) if isinstance(attrs, dict) else None
+    return record if isinstance(record, dict) else None
+
+
+def _is_feature_store(path: Path) -> bool:
+    return _store_record(path) is not None
+
+
+def _store_files(path: Path) -> set[str]:
+    """The files a feature store's writer made, from the store's own record.
+
+    The root, its metadata table and side files, the features group, and for every array
+    the record lists (device, space) the device's group, the array's metadata and its
+    chunk files ``c/<row block>/<column block>``.
+    """
+    arrays = (_store_record(path) or {}).get("arrays") or []
+    names = {"zarr.json", METADATA_FILE, f"{FEATURES_GROUP}/zarr.json", *SIDE_FILES}
+    for a in arrays:
+        d, s = a.get("device"), a.get("space")
+        names |= {f"{FEATURES_GROUP}/{d}/zarr.json", f"{FEATURES_GROUP}/{d}/{s}/zarr.json"}
+        chunks = path / FEATURES_GROUP / str(d) / str(s) / "c"
+        for root, _, files in os.walk(chunks):
+            rel = Path(root).relative_to(path).as_posix()
+            if re.fullmatch(rf"{FEATURES_GROUP}/[^/]+/[^/]+/c(/[0-9]+)*", rel):
+                names |= {f"{rel}/{f}" for f in files if f.isdigit()}
+    return names
 
 
 FEATURE_STORE = OutputKind(
@@ -94,13 +121,7 @@ FEATURE_STORE = OutputKind(
     is_dir=True,
     recognise=_is_feature_store,
     replace_hint="pass overwrite=True (--overwrite) to replace it",
-    # the root and its metadata table, the features group, one group per device and one
-    # array per device and space with its chunk files c/<row block>/<column block>
-    written=re.compile(
-        rf"(zarr\.json|{re.escape(METADATA_FILE)}|{FEATURES_GROUP}/zarr\.json"
-        rf"|{FEATURES_GROUP}/[^/]+/zarr\.json|{FEATURES_GROUP}/[^/]+/[^/]+/zarr\.json"
-        rf"|{FEATURES_GROUP}/[^/]+/[^/]+/c(/[0-9]+)+)"
-    ),
+    written=_store_files,
 )
 
 
@@ -123,8 +144,8 @@ def _what_is_there(path: Path) -> str:
     return "is neither a regular file nor a directory"
 
 
-def foreign_files(path: Path, written: re.Pattern) -> list[str]:
-    """Files and links under ``path`` whose relative path ``written`` does not match.
+def foreign_files(path: Path, written: set[str]) -> list[str]:
+    """Files and links under ``path`` whose relative path is not in ``written``.
 
     What a user put there, sorted; links are listed, never followed.
     """
@@ -133,14 +154,14 @@ def foreign_files(path: Path, written: re.Pattern) -> list[str]:
         rel = Path(root).relative_to(path)
         for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             p = (rel / name).as_posix()
-            if os.path.islink(os.path.join(root, name)) or not written.fullmatch(p):
+            if os.path.islink(os.path.join(root, name)) or p not in written:
                 found.append(p)
     return sorted(found)
 
 
 def _check_nothing_foreign(path: Path, kind: OutputKind) -> None:
     """Refuse to replace ``path`` when it holds files this system did not write."""
-    foreign = foreign_files(path, kind.written) if kind.written is not None else []
+    foreign = foreign_files(path, kind.written(path)) if kind.written is not None else []
     if foreign:
         shown = ", ".join(repr(f) for f in foreign[:3])
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
@@ -273,6 +294,37 @@ def recover_leftovers(target: str | os.PathLike) -> str | None:
     return "; ".join(said) or None
 
 
+#: Errors of creating a folder or file that the user can fix by choosing another path.
+_UNUSABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST, errno.ENOTDIR}
+
+
+def make_output_folder(folder: str | os.PathLike, output: str | os.PathLike) -> None:
+    """Create ``folder`` (and its parents) and check that files can be created in it.
+
+    Raises :class:`OutputPathError` naming ``output`` (the path the user gave) and what is
+    wrong: a file where a folder of the path must be, or no permission (a read-only file
+    system included). Any other error propagates.
+    """
+    folder = Path(folder).absolute()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mmdtl2-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        if exc.errno not in _UNUSABLE:
+            raise
+        blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            why = f"{blocker} is a file, where a folder of that path must be"
+        else:
+            why = f"no files can be created in {blocker or folder} ({exc.strerror})"
+        raise OutputPathError(
+            f"cannot write {Path(output).absolute()}: {why}; give a path in a folder you can "
+            "write to."
+        ) from None
+
+
 class StagedOutput:
     """Write an output under a hidden temporary sibling, then move it into place.
 
@@ -294,6 +346,7 @@ class StagedOutput:
     def __init__(self, target: str | os.PathLike, *, replace: bool = False):
         self.target = Path(target).absolute()
         self.replace = replace
+        make_output_folder(self.target.parent, self.target)
         note = recover_leftovers(self.target)
         if note:
             print(f"mmdtl2: {note}", file=sys.stderr, flush=True)

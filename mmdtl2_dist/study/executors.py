@@ -29,6 +29,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import shlex
 import signal
 import threading
 import time
@@ -138,7 +139,7 @@ def trials_failed(errors: list[str], output: Path) -> RuntimeError:
     """The error of a run whose trials failed (the finished ones are kept)."""
     return RuntimeError(
         f"{len(errors)} trial(s) failed; the first error: {errors[0]}. Fix the cause and "
-        f"run `mmdtl2 study resume {output}`."
+        f"run `mmdtl2 study resume {shlex.quote(str(output))}`."
     )
 
 

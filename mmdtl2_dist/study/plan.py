@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def plan_error(path: Path, what: str) -> PlanError:
     return PlanError(
         f"study plan {path} is unusable: {what}. The plan is drawn from the spec and the "
         f"data alone; delete {path.name} and {arrays_path(path).name} and run "
-        f"`mmdtl2 study resume {path.parent}` to draw it again."
+        f"`mmdtl2 study resume {shlex.quote(str(path.parent))}` to draw it again."
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mmdtl2_dist.progress import say
+from mmdtl2_dist.store.outputs import make_output_folder
 from mmdtl2_dist.study.data import (
     build_office_caltech_store,
     make_synthetic,
@@ -52,12 +53,12 @@ def prepare_data(spec: StudySpec, data_dir: Path | None = None) -> tuple[Path, P
     data_dir = spec.output / "data" if data_dir is None else data_dir
     split_file = spec.split_file
     if spec.builtin == "office_caltech10":
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_output_folder(data_dir, spec.output)
         store = build_office_caltech_store(data_dir / "office_caltech10.zarr")
         if spec.protocol == "fixed" and split_file is None:
             split_file = write_hoffman_split_file(data_dir / "hoffman_splits.json")
     elif spec.synthetic is not None:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_output_folder(data_dir, spec.output)
         store = make_synthetic(data_dir / "synthetic.zarr", spec.synthetic)
     else:
         store = spec.store

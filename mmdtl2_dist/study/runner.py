@@ -37,7 +37,7 @@ from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.atomic import remove_temporaries, write_json_atomic
-from mmdtl2_dist.store.outputs import OutputKind, claim_output
+from mmdtl2_dist.store.outputs import OutputKind, claim_output, make_output_folder
 from mmdtl2_dist.study.executors import (
     Executor,
     TrialSink,
@@ -224,7 +224,7 @@ def _run_study(
     t_start = time.perf_counter()
     store, split_file = _checked_data(spec, progress)
     stages = {"executor": executor.name, "data_check_s": time.perf_counter() - t_start}
-    spec.output.mkdir(parents=True, exist_ok=True)
+    make_output_folder(spec.output, spec.output)
     for folder in (spec.output, spec.output / "results", spec.output / "data"):
         remove_temporaries(folder)  # writes a killed run stopped before their rename
     _write_state(spec, {})
