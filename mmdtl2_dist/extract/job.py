@@ -316,13 +316,7 @@ def extract(
     out = Path(out).expanduser().absolute()
     spaces = _checked_request(out, table, spec, opt)
     ex = Extractor(spec, weights, pre)  # fails early on a bad model, layer or weights file
-    if not ex.identity.meaningful:  # said whatever the progress setting: a store of noise
-        warnings.warn(
-            f"weights {ex.identity.name} are random: the features mean nothing (for tests "
-            "and demos only; pass --weights imagenet or a state-dict path for real features)",
-            UserWarning,
-            stacklevel=2,
-        )
+    _warn_if_random(ex)
     shard_rows = choose_shard_rows(ex.dims, opt.batch_size, opt.shard_rows)
     job = _job_spec(table, spec, ex, pre, shard_rows)
     work = work_folder(out)
@@ -359,6 +353,17 @@ def extract(
         "store_after_workers_seconds": fill.after_workers_seconds,
     }
     return fs
+
+
+def _warn_if_random(ex: Extractor) -> None:
+    """Say, whatever the progress setting, that random weights make a store of noise."""
+    if not ex.identity.meaningful:
+        warnings.warn(
+            f"weights {ex.identity.name} are random: the features mean nothing (for tests "
+            "and demos only; pass --weights imagenet or a state-dict path for real features)",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _store_fill(job: StoreJob, todo: list[dict], opt: ExtractOptions):
