@@ -88,10 +88,10 @@ def _one_line_warning(command: str, other):
     Their source line says nothing to a user; other libraries' warnings are formatted by
     ``other``.
     """
-    package = str(Path(__file__).resolve().parent)
+    package = Path(__file__).resolve().parent
 
     def show(message, category, filename, lineno, line=None) -> str:
-        if str(Path(filename).resolve()).startswith(package):
+        if category is UserWarning and Path(filename).resolve().is_relative_to(package):
             return f"mmdtl2 {command}: warning: {message}\n"
         return other(message, category, filename, lineno, line)
 

@@ -139,6 +139,11 @@ def test_overwrite_keeps_our_image_set_that_holds_a_users_image(tmp_path, capsys
         assert (folder / added).read_bytes() == b"x"
         (folder / added).unlink()
     make_image_set(folder, spec, overwrite=True)  # only its own images: replaced
+    # a set whose marker predates the list of images: its layout's names are its own
+    from mmdtl2_dist.extract.synthetic import MARKER
+
+    (folder / MARKER).write_text(repr(spec) + "\n")
+    make_image_set(folder, spec, overwrite=True)
     with pytest.raises(ValueError, match="two names"):
         make_image_set(tmp_path / "same", ImageSetSpec(source_device="a", target_device="a"))
 
@@ -371,3 +376,23 @@ def test_a_folder_without_write_permission_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "mkstemp", broken)
     with pytest.raises(OSError, match="I/O error"):  # a fault, not a path to change
         make_output_folder(tmp_path / "ro", tmp_path / "ro" / "s.zarr")
+
+
+def test_a_users_side_file_or_damaged_record_is_never_vouched_for(tmp_path, capsys):
+    """A store lists the side files it wrote: a user's own skipped_images.csv (in a store
+    that skipped nothing) is kept, and a damaged record vouches for nothing."""
+    import json
+
+    path = tmp_path / "s.zarr"
+    assert main(["synth", str(path), *SYNTH]) == 0
+    (path / "skipped_images.csv").write_text("my notes")
+    capsys.readouterr()
+    assert main(["synth", str(path), *SYNTH, "--overwrite"]) == 2
+    assert "('skipped_images.csv')" in capsys.readouterr().err
+    (path / "skipped_images.csv").unlink()
+    meta = json.loads((path / "zarr.json").read_text())
+    for arrays in (["x"], 5, "ab", {"a": 1}):
+        meta["attributes"]["mmdtl2_feature_store"]["arrays"] = arrays
+        (path / "zarr.json").write_text(json.dumps(meta))
+        assert main(["synth", str(path), *SYNTH, "--overwrite"]) == 2  # no traceback
+        assert "did not write" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,11 +44,23 @@ class ImageSetSpec:
 
 
 def _image_set_files(path: Path) -> set[str]:
-    """The files an image set's marker lists (with the marker); none from an unreadable one."""
+    """The files an image set's marker lists, with the marker.
+
+    A set written before markers listed their images (a marker holding the spec's
+    ``repr``) is taken to hold the images its layout names, ``DEVICE/classK/NNNNN.png``.
+    """
     try:
-        files = json.loads((path / MARKER).read_text()).get("files")
-    except (OSError, ValueError, AttributeError):
+        text = (path / MARKER).read_text()
+    except OSError:
+        return {MARKER}
+    try:
+        files = json.loads(text).get("files")
+    except (ValueError, AttributeError):
         files = None
+    if files is None and text.startswith("ImageSetSpec("):
+        layout = re.compile(r"[^/]+/class[0-9]+/[0-9]{5}\.png")
+        files = [p.relative_to(path).as_posix() for p in path.rglob("*.png")]
+        files = [f for f in files if layout.fullmatch(f)]
     return {MARKER, *(f for f in files or [] if isinstance(f, str))}
 
 

@@ -198,6 +198,7 @@ class StoreWriter:
                 for d, s, n, L, t, _ in sorted(hashes)
             ],
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"files": sorted(self._files)} if self._files else {}),
             **({"provenance": self.provenance} if self.provenance else {}),
         }
         for name, data in self._files.items():

@@ -103,17 +103,37 @@ def _store_files(path: Path) -> set[str]:
     the record lists (device, space) the device's group, the array's metadata and its
     chunk files ``c/<row block>/<column block>``.
     """
-    arrays = (_store_record(path) or {}).get("arrays") or []
-    names = {"zarr.json", METADATA_FILE, f"{FEATURES_GROUP}/zarr.json", *SIDE_FILES}
-    for a in arrays:
-        d, s = a.get("device"), a.get("space")
+    record = _store_record(path) or {}
+    names = {"zarr.json", METADATA_FILE, f"{FEATURES_GROUP}/zarr.json", *_side_files(record)}
+    arrays = record.get("arrays")
+    for a in arrays if isinstance(arrays, list) else []:
+        d, s = (a.get("device"), a.get("space")) if isinstance(a, dict) else (None, None)
+        if not (isinstance(d, str) and isinstance(s, str) and _NAME.fullmatch(f"{d}/{s}")):
+            continue  # a damaged record vouches for nothing
         names |= {f"{FEATURES_GROUP}/{d}/zarr.json", f"{FEATURES_GROUP}/{d}/{s}/zarr.json"}
-        chunks = path / FEATURES_GROUP / str(d) / str(s) / "c"
-        for root, _, files in os.walk(chunks):
+        for root, _, files in os.walk(path / FEATURES_GROUP / d / s / "c"):
             rel = Path(root).relative_to(path).as_posix()
-            if re.fullmatch(rf"{FEATURES_GROUP}/[^/]+/[^/]+/c(/[0-9]+)*", rel):
-                names |= {f"{rel}/{f}" for f in files if f.isdigit()}
+            names |= {f"{rel}/{f}" for f in files if _CHUNK.fullmatch(f"{rel}/{f}")}
     return names
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CHUNK = re.compile(rf"{FEATURES_GROUP}/[^/]+/[^/]+/c(/[0-9]+)+")
+
+
+def _side_files(record: dict) -> tuple[str, ...]:
+    """The side files a store's record lists.
+
+    A store written before records listed them may hold ``skipped_images.csv`` when
+    ``extract --skip-bad`` skipped images (its provenance says so).
+    """
+    files = record.get("files")
+    if isinstance(files, list):
+        return tuple(f for f in files if f in SIDE_FILES)
+    provenance = record.get("provenance")
+    extraction = provenance.get("extraction") if isinstance(provenance, dict) else None
+    skipped = isinstance(extraction, dict) and extraction.get("n_skipped")
+    return SIDE_FILES if skipped and "files" not in record else ()
 
 
 FEATURE_STORE = OutputKind(
@@ -314,8 +334,8 @@ def make_output_folder(folder: str | os.PathLike, output: str | os.PathLike) -> 
     except OSError as exc:
         if exc.errno not in _UNUSABLE:
             raise
-        blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
+        blocker = next((p for p in (folder, *folder.parents) if os.path.lexists(p)), None)
+        if blocker is not None and not os.path.isdir(blocker):
             why = f"{blocker} is a file, where a folder of that path must be"
         else:
             why = f"no files can be created in {blocker or folder} ({exc.strerror})"

@@ -44,6 +44,15 @@ from mmdtl2_dist.study.splits import (
 )
 
 
+def _data_folder(data_dir: Path, output: Path) -> None:
+    """Create the folder of a study's built data, unless it exists.
+
+    A study that is only read (``register``, ``validate``) needs no write permission.
+    """
+    if not data_dir.is_dir():
+        make_output_folder(data_dir, output)
+
+
 def prepare_data(spec: StudySpec, data_dir: Path | None = None) -> tuple[Path, Path | None]:
     """The feature store and split file of a study (building bundled/synthetic data).
 
@@ -53,12 +62,12 @@ def prepare_data(spec: StudySpec, data_dir: Path | None = None) -> tuple[Path, P
     data_dir = spec.output / "data" if data_dir is None else data_dir
     split_file = spec.split_file
     if spec.builtin == "office_caltech10":
-        make_output_folder(data_dir, spec.output)
+        _data_folder(data_dir, spec.output)
         store = build_office_caltech_store(data_dir / "office_caltech10.zarr")
         if spec.protocol == "fixed" and split_file is None:
             split_file = write_hoffman_split_file(data_dir / "hoffman_splits.json")
     elif spec.synthetic is not None:
-        make_output_folder(data_dir, spec.output)
+        _data_folder(data_dir, spec.output)
         store = make_synthetic(data_dir / "synthetic.zarr", spec.synthetic)
     else:
         store = spec.store
