@@ -37,6 +37,9 @@ FENCE = re.compile(
 )
 RUNNABLE = {"bash", "python"}
 WARNING = re.compile(r"\bwarn(ing)?\b", re.I)
+#: Warnings the walked documents announce: the offline demo extracts with random weights,
+#: and the README says the command warns that such features mean nothing.
+ANNOUNCED = re.compile(r"^mmdtl2 extract: warning: weights random:\d+ are random: ")
 
 
 @dataclass(frozen=True)
@@ -129,5 +132,8 @@ def test_readme_walk(tmp_path):
     log = proc.stdout + proc.stderr
     (tmp_path / "walk.log").write_text(log)
     assert proc.returncode == 0, f"the walk failed (rc {proc.returncode}):\n{log[-6000:]}"
-    warnings = [line for line in log.splitlines() if WARNING.search(line)]
+    warnings = [
+        line for line in log.splitlines() if WARNING.search(line) and not ANNOUNCED.match(line)
+    ]
+    assert any(ANNOUNCED.match(line) for line in log.splitlines())  # said, as documented
     assert not warnings, "the walk printed warnings:\n" + "\n".join(warnings[:20])
