@@ -37,9 +37,14 @@ DEFAULT_CHUNK_ROWS = 256
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
+def is_name(name) -> bool:
+    """Whether ``name`` can be a device or space name (it becomes a path component)."""
+    return isinstance(name, str) and _NAME.match(name) is not None
+
+
 def check_name(kind: str, name: str) -> str:
     """Validate a device or space name (it becomes a path component)."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not is_name(name):
         raise ValueError(
             f"{kind} name {name!r} is not allowed; use letters, digits, '_', '.', '-' "
             "(starting with a letter or digit), e.g. 'olympus_nbi' or 'conv3'."

@@ -42,7 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmdtl2_dist.store.layout import FEATURES_GROUP, METADATA_FILE, ROOT_ATTR, SIDE_FILES
+from mmdtl2_dist.store.layout import (
+    FEATURES_GROUP,
+    METADATA_FILE,
+    ROOT_ATTR,
+    SIDE_FILES,
+    is_name,
+)
 
 #: ``errno`` values of an output that found no room: a full disk or quota.
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
@@ -108,7 +114,7 @@ def _store_files(path: Path) -> set[str]:
     arrays = record.get("arrays")
     for a in arrays if isinstance(arrays, list) else []:
         d, s = (a.get("device"), a.get("space")) if isinstance(a, dict) else (None, None)
-        if not (isinstance(d, str) and isinstance(s, str) and _NAME.fullmatch(f"{d}/{s}")):
+        if not (is_name(d) and is_name(s)):
             continue  # a damaged record vouches for nothing
         names |= {f"{FEATURES_GROUP}/{d}/zarr.json", f"{FEATURES_GROUP}/{d}/{s}/zarr.json"}
         for root, _, files in os.walk(path / FEATURES_GROUP / d / s / "c"):
@@ -117,7 +123,6 @@ def _store_files(path: Path) -> set[str]:
     return names
 
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _CHUNK = re.compile(rf"{FEATURES_GROUP}/[^/]+/[^/]+/c(/[0-9]+)+")
 
 
