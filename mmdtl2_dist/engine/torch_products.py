@@ -45,10 +45,9 @@ MIN_TRIANGLE_ROWS = 1024
 MAX_READ_THREADS = 8
 #: Features per float32 product of a mixed tile on a GPU. Over a whole block of 8,112
 #: features cuBLAS's float32 products left the worst entry of a 20,000-row Gram 1.03e-6
-#: off float64 on an H200 (OpenBLAS's: 1.3e-7; BENCHMARKS.md); the error of a float32
-#: product grows with the features it sums. Narrower spans add float64 additions of the
-#: tile and smaller products on the device, expected to be small beside a tile's reading
-#: and writing (not yet measured on a GPU).
+#: off float64 on an H200 (OpenBLAS's: 1.3e-7); the error of a float32 product grows with
+#: the features it sums. With spans of 2,048 the worst entry was 2.6-2.7e-7 on an H200,
+#: and the products' device time stayed 0.6-0.7 s of a 4-6 s Gram (BENCHMARKS.md).
 GPU_MIXED_SPAN = 2048
 
 _PINNED: dict[str, np.ndarray] = {}  # page-locked byte arrays (numpy views of torch's)
