@@ -334,8 +334,11 @@ def test_register_configuration_not_in_study(fresh_study):
         (["--method", "mmdtl2", "--param", "c_q=1"], "no parameter 'c_q'"),
         (["--method", "mmdtl2", "--param", "c_d=-1"], "c_d must be"),
         (["--param", "c_d=1"], "need --method"),
-        (["--method", "mmdt", "--select", "auto"], "--select auto is a rule for --method mmdtl2"),
-        (["--method", "mmdtl2", "--select", "auto", "--param", "c_f=1"], "drop --param c_f"),
+        (["--method", "mmdt", "--select", "auto"], "--select auto is a rule for method 'mmdtl2'"),
+        (
+            ["--method", "mmdtl2", "--select", "auto", "--param", "c_f=1"],
+            "remove ['c_f'] from the --param",
+        ),
         (["--alias", "latest"], "reserved"),
     ],
 )

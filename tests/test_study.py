@@ -742,7 +742,7 @@ def test_run_fails_on_bad_data_before_an_executor_starts(
 @pytest.mark.parametrize(
     ("method", "match"),
     [
-        ({"method": "target_svm", "select": "auto"}, 'rule for method "mmdtl2"'),
+        ({"method": "target_svm", "select": "auto"}, "rule for method 'mmdtl2'"),
         ({"method": "mmdtl2", "select": "auto", "params": {"c_f": 1.0}}, r"remove \['c_f'\]"),
         ({"method": "mmdtl2", "select": "auto", "unlabelled": "test"}, "unlabelled must be one"),
     ],

@@ -173,6 +173,26 @@ class AutoChoice:
         }
 
 
+def check_auto_request(
+    method: str,
+    params: Mapping | None,
+    asked: str = "select='auto'",
+    remove_from: str = "the parameters, or fit a fixed configuration without select='auto'",
+) -> None:
+    """Refuse ``select="auto"`` for another method than MMDTL2, or with the rule's own keys.
+
+    The rule sets :data:`RULE_KEYS` itself. ``asked`` and ``remove_from`` word the error
+    as the caller's user wrote the request (the API, a study spec, the CLI).
+    """
+    if method != "mmdtl2":
+        raise ValueError(f"{asked} is a rule for method 'mmdtl2', not {method!r}.")
+    fixed = sorted(set(params or {}) & set(RULE_KEYS))
+    if fixed:
+        raise ValueError(
+            f"{asked} chooses {list(RULE_KEYS)} itself; remove {fixed} from {remove_from}."
+        )
+
+
 def rule_params(cand: str, params: Mapping | None) -> dict:
     """The parameters candidate ``cand`` is fitted with.
 
@@ -180,12 +200,7 @@ def rule_params(cand: str, params: Mapping | None) -> dict:
     ``c_f``. The target SVM (O): its ``c_t = 1`` (the target SVM the rule is measured
     against) and the caller's solver settings (:data:`TARGET_SVM_KEYS`).
     """
-    chosen = sorted(set(params or {}) & set(RULE_KEYS))
-    if chosen:
-        raise ValueError(
-            f"select='auto' chooses {list(RULE_KEYS)} itself; remove {chosen} from the "
-            "parameters, or fit a fixed configuration without select='auto'."
-        )
+    check_auto_request("mmdtl2", params)
     return picked_params(cand, params)
 
 

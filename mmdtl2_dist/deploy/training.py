@@ -297,17 +297,10 @@ def explicit_config(
 
 def _check_selection(method: str, params: dict, select) -> None:
     """``select="auto"`` is MMDTL2's rule, which sets its prior, weight and ``c_f``."""
-    if select != "auto":
-        return
-    from mmdtl2_dist.core.auto import RULE_KEYS
+    from mmdtl2_dist.core.auto import check_auto_request
 
-    if method != "mmdtl2":
-        raise ValueError(f"--select auto is a rule for --method mmdtl2, not {method!r}.")
-    fixed = sorted(set(params) & set(RULE_KEYS))
-    if fixed:
-        raise ValueError(
-            f"--select auto chooses {list(RULE_KEYS)} itself; drop --param {fixed[0]}=..."
-        )
+    if select == "auto":
+        check_auto_request(method, params, "--select auto", "the --param options")
 
 
 def recommended_config(handle: StudyHandle, pair_metric_name: str | None = None) -> ChosenConfig:

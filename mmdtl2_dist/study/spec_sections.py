@@ -80,17 +80,12 @@ def _check_prior(where: str, params: dict) -> None:
 
 def _check_auto(where: str, method: str, params: dict) -> None:
     """``select = "auto"``: MMDTL2 only, and the rule's own parameters left to it."""
-    from mmdtl2_dist.core.auto import RULE_KEYS
+    from mmdtl2_dist.core.auto import check_auto_request
 
-    if method != "mmdtl2":
-        raise _err(where, f'select = "auto" is a rule for method "mmdtl2", not {method!r}.')
-    fixed = sorted(set(params) & set(RULE_KEYS))
-    if fixed:
-        raise _err(
-            where,
-            f'select = "auto" chooses {list(RULE_KEYS)} itself; remove {fixed} from '
-            "params and grid.",
-        )
+    try:
+        check_auto_request(method, params, 'select = "auto"', "params and grid")
+    except ValueError as e:
+        raise _err(where, str(e)) from None
 
 
 def _resolve(base: Path | None, p: str) -> Path:
