@@ -589,7 +589,7 @@ def wstep_problem(K: int, M: int, *, L: int = 800, per_class_source: int = 20, s
     ops = transfer_operators(Xh @ Xh.T, s_m, p.c_f)
     R_c = np.vstack([S, -np.diag(s_m)])
     TT, f = wstep_dual(Kz, fit.beta, fit.b, one_vs_rest(yt, K), R_c, ops.G, N)
-    H = wstep_hessian(TT, ops.G, one_vs_rest(yt, K))
+    H = wstep_hessian(TT, ops.G, one_vs_rest(yt, K), solver=None)  # built, for every solver
     return H, f, p.c_t
 
 

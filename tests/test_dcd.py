@@ -240,7 +240,7 @@ def test_kron_hessian_is_the_scaled_w_step_hessian_and_exactly_symmetric():
     two asymmetries, rounding squared). The two constructions round differently in the
     last bits only (1e-14 relative); the compiled one is exactly symmetric.
     """
-    from mmdtl2_dist.core.dcd import kron_hessian
+    from mmdtl2_dist.core.kron import kron_hessian
 
     rng = np.random.default_rng(4)
     K, M = 4, 7
@@ -308,3 +308,91 @@ def test_a_reused_first_svm_is_a_fresh_solve_to_the_bit_and_the_callers_own():
     assert len(svm_mod._reused) == 2 and not np.array_equal(other.coef, fresh.coef)
     svm_step_reused(K, Y, cost, tol=1e-6)  # another tolerance: another entry
     assert len(svm_mod._reused) == 3
+
+
+def _kron_problem(seed, K=5, M=11, rank=None):
+    """A W-step-like box QP: ``diag(s) (A ⊗ B) diag(s)`` with PSD ``A``, ``B`` (``A`` of
+    ``rank`` below ``K`` when given: singular, as MMDTL2's W-step Hessians are), unit
+    Jacobi-scaled diagonal, signs ``y = ±1``, bounds ``[0, c_t]``."""
+    from mmdtl2_dist.core.kron import ScaledKron
+    from mmdtl2_dist.core.qp import jacobi_scale
+
+    rng = np.random.default_rng(seed)
+    P = rng.standard_normal((K, rank or K))
+    Q = rng.standard_normal((M, 3))
+    A = P @ P.T + 1e-15 * rng.standard_normal((K, K))  # symmetric up to rounding
+    B = Q @ Q.T + 0.1 * np.eye(M)
+    y = np.where(rng.random(K * M) < 0.3, 1.0, -1.0)
+    d = jacobi_scale(np.kron(np.diag(A), np.diag(B)))
+    f = d * (1.0 + rng.standard_normal(K * M))
+    return ScaledKron(A, B, y * d), f, d
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_unbuilt_kron_hessian_gives_the_built_ones_entries_and_products(seed):
+    """The matrix-free W-step Hessian against the built one: its diagonal and the polish's
+    free blocks are the same entries to the bit (the same three products per entry); a
+    product with a vector is ``Ā X B̄`` instead of a row sum, equal to rounding (1e-13)."""
+    H, _, _ = _kron_problem(seed)
+    dense = H.dense()
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(H.shape[0])
+    np.testing.assert_allclose(H @ x, dense @ x, rtol=1e-13, atol=1e-13 * np.abs(dense @ x).max())
+    assert np.array_equal(H.diagonal(), np.diag(dense))
+    idx = np.sort(rng.choice(H.shape[0], 17, replace=False))
+    assert np.array_equal(H.block(idx), dense[np.ix_(idx, idx)])
+
+
+@pytest.mark.parametrize(("seed", "rank"), [(0, None), (1, 2), (2, 3)])
+def test_dcd_on_the_unbuilt_kron_hessian_reaches_the_built_ones_optimum(seed, rank):
+    """Coordinate descent and its polish on the unbuilt Hessian solve the same box QP:
+    the same objective (to 1e-12 relative: both polish to the exact optimum), a KKT
+    residual within tolerance, and, where the Hessian is regular, the same minimiser
+    (1e-8); with a singular ``A`` the minimiser is not unique, so only the objective and
+    ``H x`` (the primal the W-step uses, 1e-7) are compared."""
+    H, f, _ = _kron_problem(seed, rank=rank)
+    dense = H.dense()
+    lb, ub = np.zeros(f.size), np.full(f.size, 2.0)
+    a = dcd_box_qp(H, f, lb, ub, None, 1e-10)
+    b = dcd_box_qp(dense, f, lb, ub, None, 1e-10)
+    assert a.ok and b.ok
+    assert kkt_residual(dense, f, a.x, lb, ub) <= 1e-10
+    obj_a, obj_b = _objective(dense, f, a.x), _objective(dense, f, b.x)
+    assert abs(obj_a - obj_b) <= 1e-12 * max(1.0, abs(obj_b))
+    np.testing.assert_allclose(dense @ a.x, dense @ b.x, atol=1e-7)
+    if rank is None:
+        np.testing.assert_allclose(a.x, b.x, atol=1e-8)
+
+
+def test_a_large_w_step_is_solved_unbuilt_with_the_built_ones_fit(monkeypatch):
+    """Above ``MATRIX_FREE_ABOVE_BYTES`` the W-step's Hessian is never built: a whole
+    MMDTL2 fit with the threshold at 0 (every W-step unbuilt) predicts what the built
+    path does, with decision values equal to 1e-6 (both solves are exact to the QP
+    tolerance; the alternation amplifies their rounding a little); OSQP still builds it."""
+    import mmdtl2_dist.core.wstep as ws
+    from mmdtl2_dist.core.kron import ScaledKron
+    from mmdtl2_dist.estimators import MMDTL2
+
+    rng = np.random.default_rng(3)
+    K, d = 4, 9
+    means = 3 * rng.standard_normal((K, d))
+    ys, yt = np.repeat(np.arange(K), 12), np.repeat(np.arange(K), 3)
+    Xs = means[ys] + rng.standard_normal((ys.size, d))
+    Xt = means[yt] + rng.standard_normal((yt.size, d)) + 1.0
+    Xq = means[np.arange(K).repeat(5)] + rng.standard_normal((5 * K, d)) + 1.0
+    built = MMDTL2().fit_domains(Xs, ys, Xt, yt)
+    seen = []
+    real = ws.solve_prescaled_box_qp
+    monkeypatch.setattr(ws, "MATRIX_FREE_ABOVE_BYTES", 0)
+    monkeypatch.setattr(
+        ws, "solve_prescaled_box_qp", lambda H, *a, **k: (seen.append(type(H)), real(H, *a, **k))[1]
+    )
+    unbuilt = MMDTL2().fit_domains(Xs, ys, Xt, yt)
+    assert seen and set(seen) == {ScaledKron}
+    np.testing.assert_allclose(
+        unbuilt.decision_function(Xq), built.decision_function(Xq), atol=1e-6
+    )
+    assert np.array_equal(unbuilt.predict(Xq), built.predict(Xq))
+    seen.clear()
+    MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)
+    assert seen and set(seen) == {np.ndarray}

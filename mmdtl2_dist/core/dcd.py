@@ -39,6 +39,8 @@ import numpy as np
 from numba import njit
 from scipy.linalg import lapack
 
+from mmdtl2_dist.core.kron import ScaledKron, kron_sweeps
+
 # Pivots of a free block's Cholesky factorisation below this fraction of its largest
 # diagonal entry are treated as zero (assembled Grams carry rounding noise in their null
 # space).
@@ -121,32 +123,6 @@ def svm_hessian(Kv, yd):  # pragma: no cover - compiled
             v = (0.5 * (Kv[i, j] + Kv[j, i]) + 1.0) * yd[i] * yd[j]
             H[i, j] = v
             H[j, i] = v
-    return H
-
-
-@njit(cache=True, nogil=True)
-def kron_hessian(A, B, s):  # pragma: no cover - compiled
-    """``Hs = diag(s) (Ā ⊗ B̄) diag(s)`` in one pass, ``Ā``, ``B̄`` the symmetric parts.
-
-    The Jacobi-scaled Hessian of the W-step dual (``A = ΘᵀΘ``, ``B = G``, ``s = y ⊙ d``,
-    class-major: row ``k M + m``). One ``(KM)²`` array and nothing else of that size:
-    ``np.kron``, the sign and scale products and the symmetrisation would each make
-    another. Exactly symmetric, as ``Ā_kl B̄_mn`` and ``s_i s_j`` are computed once per
-    pair.
-    """
-    K, M = A.shape[0], B.shape[0]
-    H = np.empty((K * M, K * M))
-    for k in range(K):
-        for l in range(k, K):
-            a = 0.5 * (A[k, l] + A[l, k])
-            for m in range(M):
-                i = k * M + m
-                n0 = m if l == k else 0
-                for n in range(n0, M):
-                    j = l * M + n
-                    v = a * (0.5 * (B[m, n] + B[n, m])) * (s[i] * s[j])
-                    H[i, j] = v
-                    H[j, i] = v
     return H
 
 
@@ -280,8 +256,7 @@ def _polish(H, f, x, lb, ub):
     for _ in range(free.size):
         if free.size == 0:
             break
-        Hff = H[np.ix_(free, free)]
-        gF = H[free] @ pos - f[free]
+        Hff, gF = _free_block(H, free, pos, f)
         lo, hi = lb[free], ub[free]
         step, Z = _free_block_step(Hff, gF)
         t, i = _ratio(pos[free], step, lo, hi)
@@ -303,6 +278,20 @@ def _polish(H, f, x, lb, ub):
     return pos, H @ pos - f
 
 
+def _free_block(H, free, x, f):
+    """``H_FF`` and the gradient ``(H x − f)_F`` of the free variables ``F``."""
+    if isinstance(H, ScaledKron):
+        return H.block(free), (H @ x)[free] - f[free]
+    return H[np.ix_(free, free)], H[free] @ x - f[free]
+
+
+def _run_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):
+    """The compiled sweeps on a stored Hessian or a :class:`~mmdtl2_dist.core.kron.ScaledKron`."""
+    if isinstance(H, ScaledKron):
+        return kron_sweeps(H.A, H.B, H.s, g, x, lb, ub, tol, max_epochs, seed)
+    return _sweeps(H, g, x, lb, ub, tol, max_epochs, seed)
+
+
 class DCDResult(NamedTuple):
     """Result of :func:`dcd_box_qp`.
 
@@ -321,8 +310,9 @@ def dcd_box_qp(H, f, lb, ub, x0, tol, max_epochs=5_000, seed=0) -> DCDResult:
 
     Parameters
     ----------
-    H : ndarray (n, n)
-        Symmetric positive semi-definite, C-contiguous, non-negative diagonal.
+    H : ndarray (n, n) or ScaledKron
+        Symmetric positive semi-definite, non-negative diagonal; a
+        :class:`~mmdtl2_dist.core.kron.ScaledKron` is used without being built.
     f, lb, ub : ndarray (n,)
         Linear term and bounds (``lb`` finite, ``ub`` may be ``inf``).
     x0 : ndarray (n,) or None
@@ -338,7 +328,8 @@ def dcd_box_qp(H, f, lb, ub, x0, tol, max_epochs=5_000, seed=0) -> DCDResult:
     -------
     DCDResult
     """
-    H = np.ascontiguousarray(H, dtype=np.float64)
+    if not isinstance(H, ScaledKron):
+        H = np.ascontiguousarray(H, dtype=np.float64)
     n = f.shape[0]
     x = np.clip(np.zeros(n) if x0 is None else np.array(x0, dtype=np.float64), lb, ub)
     g = H @ x - f
@@ -354,7 +345,7 @@ def dcd_box_qp(H, f, lb, ub, x0, tol, max_epochs=5_000, seed=0) -> DCDResult:
         # Sweep budgets grow geometrically: polishing early pays when the active set is
         # found long before the sweeps converge (singular H: slow along its null space).
         budget = min(FIRST_SWEEP_BUDGET * 2**rnd, max_epochs - total)
-        ep, viol = _sweeps(H, g, x, lb, ub, max(threshold, tol), budget, seed + rnd)
+        ep, viol = _run_sweeps(H, g, x, lb, ub, max(threshold, tol), budget, seed + rnd)
         total += ep
         g = H @ x - f  # drop the rounding accumulated by the sweeps
         res = _residual(x, g, lb, ub)

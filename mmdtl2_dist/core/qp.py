@@ -227,7 +227,7 @@ def solve_prescaled_box_qp(
     ``Hs = D H D`` with ``d = jacobi_scale(diag(H))``, symmetric and finite; ``f``,
     ``lb``, ``ub`` and ``x0`` in the original variables, as is the result. The SVM-step
     and the W-step build ``Hs`` in one compiled pass
-    (:func:`~mmdtl2_dist.core.dcd.svm_hessian`, :func:`~mmdtl2_dist.core.dcd.kron_hessian`)
+    (:func:`~mmdtl2_dist.core.dcd.svm_hessian`, :func:`~mmdtl2_dist.core.kron.kron_hessian`)
     instead of the several dense temporaries of ``H`` this front end would make.
     """
     t0 = time.perf_counter()
@@ -288,6 +288,8 @@ def solve_scaled_box_qp(
     ``fs``, ``lbs``, ``ubs`` scaled alike (``f ⊙ d``, ``l / d``, ``u / d``). For callers
     that assemble the scaled Hessian themselves (the SVM-step builds it in one compiled
     pass). The result is in the scaled variables; its objective is invariant to scaling.
+    ``Hs`` may be a :class:`~mmdtl2_dist.core.kron.ScaledKron` for ``solver="dcd"``
+    (never built; no OSQP after coordinate descent then, as OSQP needs the array).
     """
     t0 = time.perf_counter()
     n = fs.shape[0]
@@ -298,7 +300,7 @@ def solve_scaled_box_qp(
     if solver == "dcd":
         y, iters, ok = _dcd(Hs, fs, lbs, ubs, y0, tol)
         used, status = "dcd", "solved"
-        if not ok:
+        if not ok and isinstance(Hs, np.ndarray):  # OSQP needs the Hessian as an array
             y, it2, used, status = _osqp_after_dcd(Hs, fs, lbs, ubs, y, tol, max_iter)
             iters += it2
     else:

@@ -2,10 +2,13 @@
 
 The notation is that of :mod:`mmdtl2_dist.core.mmdtl2`, whose alternation calls
 :func:`solve_wstep`. The dual has one variable per class and labelled target sample, so
-its Hessian, ``(K M)²`` float64 entries, is what bounds the memory of a fit with many
-classes and labelled targets: it is built once, Jacobi-scaled, in one compiled pass
-(:func:`~mmdtl2_dist.core.dcd.kron_hessian`), and refused with its size when it would not
-fit in the available memory (:func:`check_wstep_fits`).
+its Hessian has ``(K M)²`` float64 entries. Up to :data:`MATRIX_FREE_ABOVE_BYTES` it is
+built once, Jacobi-scaled, in one compiled pass
+(:func:`~mmdtl2_dist.core.kron.kron_hessian`); above, coordinate descent uses it without
+building it (:class:`~mmdtl2_dist.core.kron.ScaledKron`: memory linear in ``K M``, each
+sweep still ``(K M)²`` operations). The rule depends on the problem's size alone, so a
+fit gives the same result on every machine. OSQP needs the array: a W-step it could not
+hold is refused with its size (:func:`check_wstep_fits`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mmdtl2_dist.core.dcd import kron_hessian
+from mmdtl2_dist.core.kron import ScaledKron
 from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_prescaled_box_qp
 
 if TYPE_CHECKING:
@@ -84,16 +87,26 @@ def wstep_dual(
     return TT, f
 
 
-def wstep_hessian(TT: np.ndarray, G: np.ndarray, Yt: np.ndarray, d: np.ndarray | None = None):
+#: W-step Hessians (``8 (K M)²`` bytes) above this size are never built for coordinate
+#: descent: 1 GB, ``K M`` above 11,585 (40 classes and 9 targets a class, self-trained).
+MATRIX_FREE_ABOVE_BYTES = 1 << 30
+
+
+def wstep_hessian(
+    TT: np.ndarray, G: np.ndarray, Yt: np.ndarray, d: np.ndarray | None = None,
+    solver: str = "dcd",
+) -> np.ndarray | ScaledKron:  # fmt: skip
     """``H = Y ((ΘᵀΘ) ⊗ G) Y`` of the W-step dual, scaled to ``D H D`` when ``d`` is given.
 
-    Symmetric by construction (:func:`~mmdtl2_dist.core.dcd.kron_hessian`).
+    Exactly symmetric; built unless coordinate descent (``solver="dcd"``) can use it
+    unbuilt and it is larger than :data:`MATRIX_FREE_ABOVE_BYTES`; ``solver=None``:
+    always built.
     """
     s = Yt.ravel().astype(np.float64)
-    return kron_hessian(
-        np.ascontiguousarray(TT, dtype=np.float64), np.ascontiguousarray(G, dtype=np.float64),
-        s if d is None else s * d,
-    )  # fmt: skip
+    H = ScaledKron(TT, G, s if d is None else s * d)
+    if solver == "dcd" and 8 * s.size**2 > MATRIX_FREE_ABOVE_BYTES:
+        return H
+    return H.dense()
 
 
 #: W-step Hessians up to this size are built without asking the system for its memory.
@@ -128,7 +141,7 @@ def check_wstep_fits(K: int, M: int, solver: str = "dcd") -> None:
     The kernel would otherwise kill the process (or the study's worker) mid-fit.
     """
     need = int(8 * (K * M) ** 2 * SOLVER_COPIES.get(solver, 1.0))
-    if need <= SMALL_WSTEP_BYTES:
+    if need <= SMALL_WSTEP_BYTES or (solver == "dcd" and need > MATRIX_FREE_ABOVE_BYTES):
         return
     have = available_bytes()
     if need > have:
@@ -137,7 +150,8 @@ def check_wstep_fits(K: int, M: int, solver: str = "dcd") -> None:
             f"{K * M:,} dual variables, and solving it ({solver}) needs {need / 1e9:.1f} GB, "
             f"more than the {have / 1e9:.1f} GB available. Fit with fewer labelled target "
             "samples per class (select='auto' self-trains with as many again, twice as many "
-            "on a hard shift with at most 3 labels a class), or on a machine with more memory."
+            "on a hard shift with at most 3 labels a class), with qp_solver='dcd' (which "
+            "does not build it above 1 GB), or on a machine with more memory."
         )
 
 
@@ -148,9 +162,9 @@ def solve_wstep(
 
     ``KzRc = Kz R_c`` (constant over the alternation) may be passed to save an
     ``(N+M)² M`` product; ``Kz Γ`` and ``Kz Ω`` then come from ``Kz β`` at ``O((N+M) K M)``.
-    The QP's Hessian is the one array of ``(KM)²`` entries: built Jacobi-scaled in one
-    pass (``diag H = diag(ΘᵀΘ) ⊗ diag(G)``), it is what bounds the memory of a fit with
-    many classes and labelled targets.
+    The QP's Hessian (``(KM)²`` entries, ``diag H = diag(ΘᵀΘ) ⊗ diag(G)``) is
+    Jacobi-scaled and built, or left unbuilt for coordinate descent when large
+    (:func:`wstep_hessian`).
     """
     K, M = Yt.shape
     check_wstep_fits(K, M, params.qp_solver)
@@ -159,8 +173,8 @@ def solve_wstep(
         raise ValueError("the W-step QP has NaN or Inf coefficients; check the input features.")
     d = jacobi_scale(np.kron(np.diag(TT), np.diag(ops.G)))
     qp = solve_prescaled_box_qp(
-        wstep_hessian(TT, ops.G, Yt, d), f, d, 0.0, params.c_t, solver=params.qp_solver,
-        tol=params.qp_tol, x0=a0,
+        wstep_hessian(TT, ops.G, Yt, d, params.qp_solver), f, d, 0.0, params.c_t,
+        solver=params.qp_solver, tol=params.qp_tol, x0=a0,
     )  # fmt: skip
     YA = Yt * qp.x.reshape(K, M)  # (Υ ⊙ Λ)ᵀ
     Gamma = R_c + beta @ YA
