@@ -728,3 +728,10 @@ def test_a_w_step_too_large_for_memory_is_refused_with_its_size(monkeypatch):
     MMDTL2().fit_domains(Xs, ys, Xt, yt)
     with pytest.raises(ValueError, match=r"solving it \(osqp\) needs"):  # OSQP copies it
         MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)
+    # above MATRIX_FREE_ABOVE_BYTES coordinate descent never builds it: no refusal, and
+    # OSQP's refusal names that way out
+    monkeypatch.setattr(mm, "MATRIX_FREE_ABOVE_BYTES", 0)
+    monkeypatch.setattr(mm, "available_bytes", lambda: 0)
+    MMDTL2().fit_domains(Xs, ys, Xt, yt)
+    with pytest.raises(ValueError, match=r"Instead, use qp_solver='dcd' \(it never builds"):
+        MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)

@@ -145,13 +145,17 @@ def check_wstep_fits(K: int, M: int, solver: str = "dcd") -> None:
         return
     have = available_bytes()
     if need > have:
+        fix = (
+            "fit with fewer labelled target samples per class (select='auto' self-trains "
+            "with as many again, twice as many on a hard shift with at most 3 labels a "
+            "class), or on a machine with more memory"
+        )
+        if solver != "dcd":
+            fix = f"use qp_solver='dcd' (it never builds a Hessian above 1 GB), or {fix}"
         raise ValueError(
             f"the W-step QP of this fit has {K} classes x {M} labelled target samples = "
             f"{K * M:,} dual variables, and solving it ({solver}) needs {need / 1e9:.1f} GB, "
-            f"more than the {have / 1e9:.1f} GB available. Fit with fewer labelled target "
-            "samples per class (select='auto' self-trains with as many again, twice as many "
-            "on a hard shift with at most 3 labels a class), with qp_solver='dcd' (which "
-            "does not build it above 1 GB), or on a machine with more memory."
+            f"more than the {have / 1e9:.1f} GB available. Instead, {fix}."
         )
 
 
