@@ -10,6 +10,7 @@ from mmdt_explicit import fit_mmdt_explicit
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mmdtl2_dist.core.adapter import AdapterState
+from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.estimators import MMDT, MMDTL2, MMDTHoffman, SourceSVM, TargetSVM
 
 
@@ -142,20 +143,46 @@ def test_several_source_or_target_domains_are_refused_by_id(Est):
 
 
 @pytest.mark.parametrize("Est", [MMDT, MMDTHoffman, SourceSVM, TargetSVM])
-def test_unlabelled_target_rows_are_refused_not_read_as_class_minus_one(Est):
-    """skada marks an unlabelled target sample with y = -1; it is not a class here, and
-    the methods other than MMDTL2 cannot use unlabelled samples."""
-    X, y, sd, _ = skada_inputs(4)
+def test_unlabelled_target_rows_are_not_a_class_and_enter_the_target_statistics(Est):
+    """skada marks an unlabelled target sample with y = -1; it is not a class here. The
+    methods other than MMDTL2 learn from labelled samples only, and take the unlabelled
+    ones into the target device's preprocessing statistics, as MMDTL2 and the studies
+    do (so a baseline is compared with the same statistics): ``fit`` with -1 rows equals
+    ``fit_domains(..., Xt_unlabelled=those rows)``, and differs from the fit without them
+    (their statistics differ)."""
+    kw = {"pca_dim": None} if Est is MMDTHoffman else {}  # a PCA too wide for 40 samples
+    X, y, sd, Xq = skada_inputs(4)
     y = y.copy()
-    y[np.flatnonzero(sd < 0)[[0, 4]]] = -1
-    with pytest.raises(ValueError, match=r"2 target row\(s\) .* are labelled -1") as e:
-        Est().fit(X, y, sample_domain=sd)
-    assert "skada's mark for an unlabelled target sample" in str(e.value)
-    assert f"{Est.__name__} learns from labelled target samples only" in str(e.value)
-    assert "MMDTL2 accepts unlabelled ones" in str(e.value)
-    assert "keep = ~((sample_domain < 0) & (y == -1))" in str(e.value)
-    keep = ~((sd < 0) & (y == -1))  # the named fix
-    assert -1 not in Est().fit(X[keep], y[keep], sample_domain=sd[keep]).classes_
+    unl = np.flatnonzero(sd < 0)[[0, 4]]
+    y[unl] = -1
+    a = Est(preprocessing="zscore", **kw).fit(X, y, sample_domain=sd)
+    assert -1 not in a.classes_ and a.n_unlabelled_target_ == 2
+    lab = (sd < 0) & (y != -1)
+    b = Est(preprocessing="zscore", **kw).fit_domains(
+        X[sd > 0], y[sd > 0], X[lab], y[lab], Xt_unlabelled=X[unl]
+    )
+    np.testing.assert_array_equal(a.decision_function(Xq), b.decision_function(Xq))
+    device = fit_preprocessing(X[sd < 0], "zscore")
+    np.testing.assert_allclose(a.target_preprocessing_.transform(Xq), device.transform(Xq))
+    c = Est(preprocessing="zscore", **kw).fit_domains(X[sd > 0], y[sd > 0], X[lab], y[lab])
+    assert c.n_unlabelled_target_ == 0
+    assert not np.allclose(c.target_preprocessing_.transform(Xq), device.transform(Xq))
+    with pytest.raises(ValueError, match="Xt_unlabelled"):
+        Est().fit_domains(X[sd > 0], y[sd > 0], X[lab], y[lab], Xt_unlabelled=X[unl][:, :2])
+
+
+def test_a_source_svm_takes_the_target_statistics_from_unlabelled_samples_alone():
+    """Without labelled target samples the source SVM's target statistics are those of the
+    unlabelled target samples (per-device standardisation, the study's protocol); without
+    either, target samples get the source's."""
+    X, y, sd, Xq = skada_inputs(6)
+    src = sd > 0
+    est = SourceSVM(preprocessing="zscore").fit_domains(X[src], y[src], Xt_unlabelled=Xq)
+    device = fit_preprocessing(Xq, "zscore")
+    np.testing.assert_allclose(est.target_preprocessing_.transform(Xq), device.transform(Xq))
+    plain = SourceSVM(preprocessing="zscore").fit_domains(X[src], y[src])
+    assert plain.target_preprocessing_ is None
+    np.testing.assert_array_equal(plain.coef_, est.coef_)  # the SVM is the same
 
 
 def test_mmdtl2_takes_unlabelled_target_rows_as_fit_domains_xt_unlabelled():
@@ -175,7 +202,6 @@ def test_mmdtl2_takes_unlabelled_target_rows_as_fit_domains_xt_unlabelled():
 
 def test_target_statistics_are_over_labelled_and_unlabelled_samples():
     """The README: preprocessing statistics are per device, over all its given samples."""
-    from mmdtl2_dist.core.preprocessing import fit_preprocessing
 
     Xs, ys, Xt, yt, Xq, _ = make_devices(7)
     est = MMDTL2(preprocessing="l2_zscore").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xq)

@@ -81,7 +81,6 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
 
     _needs_source = True
     _needs_target = True
-    _uses_unlabelled = False  # accepts unlabelled target samples (fit_domains' Xt_unlabelled)
     _method = ""  # the core method (mmdtl2_dist.core.params.DEFAULTS) of a concrete class
 
     def __init_subclass__(cls, **kw):
@@ -100,11 +99,8 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         """
         if sample_domain is None:
             return self._fit_one_domain(X, y)
-        name = type(self).__name__
-        *parts, Xu = split_domains(X, y, sample_domain, name, unlabelled=self._uses_unlabelled)
-        if self._uses_unlabelled:
-            return self.fit_domains(*parts, Xt_unlabelled=Xu)
-        return self.fit_domains(*parts)
+        *parts, Xu = split_domains(X, y, sample_domain, type(self).__name__, unlabelled=True)
+        return self.fit_domains(*parts, Xt_unlabelled=Xu)
 
     def _fit_one_domain(self, X, y):
         """``fit`` without ``sample_domain``: refused, naming both ways to give the domains."""
@@ -147,17 +143,27 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
                 )
         return Xs, ys, Xt, yt, classes
 
+    def _unlabelled(self, Xt_unlabelled, n_features: int):
+        """The unlabelled target samples, checked against the target width; None if none."""
+        if Xt_unlabelled is None or n_rows(Xt_unlabelled) == 0:
+            return None
+        return check_features(Xt_unlabelled, n_features, "Xt_unlabelled", type(self).__name__)
+
     def _fit_preprocessing(self, Xs, Xt, Xu=None):
         """Fit each device's preprocessing; return the preprocessed ``Xs``, ``Xt`` (or None).
 
         The target device's statistics are over all its given samples, the labelled ``Xt``
-        and the unlabelled ``Xu``. Both outputs are checked for a scale float64 can fit on
-        (:func:`~mmdtl2_dist.core.preprocessing.check_scale`).
+        and the unlabelled ``Xu`` (a source-only fit with unlabelled target samples gets
+        the target device's statistics from them alone). Both outputs are checked for a
+        scale float64 can fit on (:func:`~mmdtl2_dist.core.preprocessing.check_scale`).
         """
         method = getattr(self, "preprocessing", "none")
-        Xt_all = Xt if Xu is None or len(Xu) == 0 else np.vstack([Xt, Xu])
+        Xt_all = [a for a in (Xt, Xu) if a is not None and len(a)]
         self.source_preprocessing_ = None if Xs is None else fit_preprocessing(Xs, method)
-        self.target_preprocessing_ = None if Xt is None else fit_preprocessing(Xt_all, method)
+        self.target_preprocessing_ = (
+            fit_preprocessing(np.vstack(Xt_all), method) if Xt_all else None
+        )
+        self.n_unlabelled_target_ = 0 if Xu is None else len(Xu)
         after = f"after preprocessing={method!r}"
         return (
             preprocessed(Xs, self.source_preprocessing_, f"Xs (source features {after})"),

@@ -33,7 +33,6 @@ class MMDT(MMDTL2):
         As :class:`MMDTL2`.
     """
 
-    _uses_unlabelled = False
     _method = "mmdt"
 
     def __init__(
@@ -54,9 +53,13 @@ class MMDT(MMDTL2):
         self.qp_solver = qp_solver
         self.qp_tol = qp_tol
 
-    def fit_domains(self, Xs, ys, Xt, yt):
-        """Fit on source and labelled target samples (dimensions may differ)."""
-        super().fit_domains(Xs, ys, Xt, yt)
+    def fit_domains(self, Xs, ys, Xt, yt, Xt_unlabelled=None):
+        """Fit on source and labelled target samples (dimensions may differ).
+
+        ``Xt_unlabelled`` (optional): target samples without labels, which enter the target
+        device's preprocessing statistics only.
+        """
+        super().fit_domains(Xs, ys, Xt, yt, Xt_unlabelled)
         small = self.n_source_features_ * (self.n_features_in_ + 1) <= MAX_EXPLICIT_W
         self.W_ = self.transform_matrix() if small else None
         return self
@@ -98,13 +101,19 @@ class MMDTHoffman(_AdaptationBase):
         self.preprocessing = preprocessing
 
     @one_thread
-    def fit_domains(self, Xs, ys, Xt, yt):
-        """Store the preprocessed training data (the fit happens per predicted batch)."""
+    def fit_domains(self, Xs, ys, Xt, yt, Xt_unlabelled=None):
+        """Store the preprocessed training data (the fit happens per predicted batch).
+
+        ``Xt_unlabelled`` (optional): target samples without labels, which enter the target
+        device's preprocessing statistics only (the PCA is fitted on the training samples
+        and each predicted batch, as in the reference code).
+        """
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
         if Xs.shape[1] != Xt.shape[1]:
             raise ValueError("MMDTHoffman needs one feature space for source and target.")
         self.classes_ = classes
-        self._Xs, self._Xt = self._fit_preprocessing(Xs, Xt)
+        Xu = self._unlabelled(Xt_unlabelled, Xt.shape[1])
+        self._Xs, self._Xt = self._fit_preprocessing(Xs, Xt, Xu)
         self.n_features_in_ = Xt.shape[1]
         self._ys, self._yt = ys, yt
         return self

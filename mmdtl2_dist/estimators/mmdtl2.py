@@ -14,7 +14,7 @@ from mmdtl2_dist.core.methods import GramProblem, default_params, fit_mmdtl2_blo
 from mmdtl2_dist.core.params import DEFAULTS
 from mmdtl2_dist.core.threads import one_thread
 from mmdtl2_dist.estimators.base import MAX_EXPLICIT_W, _AdaptationBase
-from mmdtl2_dist.estimators.inputs import n_rows, preprocessed
+from mmdtl2_dist.estimators.inputs import preprocessed
 
 _MMDTL2 = DEFAULTS["mmdtl2"]  # the core's defaults, the __init__ defaults
 
@@ -100,7 +100,6 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         Unlabelled target samples given to ``fit``.
     """
 
-    _uses_unlabelled = True
     _method = "mmdtl2"
 
     def __init__(
@@ -156,15 +155,12 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         and ``Xt`` may differ (except for the identity prior and ``select="auto"``).
         """
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)
-        Xu = None
-        if Xt_unlabelled is not None and n_rows(Xt_unlabelled) > 0:
-            Xu = check_features(Xt_unlabelled, Xt.shape[1], "Xt_unlabelled", type(self).__name__)
+        Xu = self._unlabelled(Xt_unlabelled, Xt.shape[1])
         self.classes_ = classes
         Xs_p, Xt_p = self._fit_preprocessing(Xs, Xt, Xu)
         Xu_p = preprocessed(Xu, self.target_preprocessing_, "Xt_unlabelled (preprocessed)")
         self.n_features_in_ = Xt.shape[1]
         self.n_source_features_ = Xs.shape[1]
-        self.n_unlabelled_target_ = 0 if Xu is None else Xu.shape[0]
         self.selection_ = self.auto_ = None
         params = self._fit_params()
         if params["select"] == "auto":

@@ -42,11 +42,16 @@ class TargetSVM(_LinearSVMBase):
         return self.fit_domains(None, None, X, y)
 
     @one_thread
-    def fit_domains(self, Xs, ys, Xt, yt):
-        """Fit on the labelled target samples (source arguments ignored)."""
+    def fit_domains(self, Xs, ys, Xt, yt, Xt_unlabelled=None):
+        """Fit on the labelled target samples (source arguments ignored).
+
+        ``Xt_unlabelled`` (optional): target samples without labels, which enter the target
+        device's preprocessing statistics only.
+        """
         _, _, Xt, yt, classes = self._validate_domains(None, None, Xt, yt)
         self.classes_ = classes
-        _, V = self._fit_preprocessing(None, Xt)
+        Xu = self._unlabelled(Xt_unlabelled, Xt.shape[1])
+        _, V = self._fit_preprocessing(None, Xt, Xu)
         self.n_features_in_ = Xt.shape[1]
         return self._fit_svm(V, np.searchsorted(classes, yt), np.full(len(yt), self.c_t))
 
@@ -78,8 +83,13 @@ class SourceSVM(_LinearSVMBase):
         return self.fit_domains(X, y)
 
     @one_thread
-    def fit_domains(self, Xs, ys, Xt=None, yt=None):
-        """Fit on source samples and (optionally) labelled target samples."""
+    def fit_domains(self, Xs, ys, Xt=None, yt=None, Xt_unlabelled=None):
+        """Fit on source samples and (optionally) labelled target samples.
+
+        ``Xt_unlabelled`` (optional): target samples without labels, which enter the target
+        device's preprocessing statistics only (without labelled target samples, the
+        statistics are theirs alone).
+        """
         has_t = Xt is not None and n_rows(Xt) > 0
         Xs, ys, _, _, _ = self._validate_domains(Xs, ys, None, None)
         if has_t:
@@ -89,7 +99,8 @@ class SourceSVM(_LinearSVMBase):
         else:
             Xt, yt = np.zeros((0, Xs.shape[1])), ys[:0]
         self.classes_ = np.unique(np.r_[ys, yt])
-        V, Vt = self._fit_preprocessing(Xs, Xt if has_t else None)
+        Xu = self._unlabelled(Xt_unlabelled, Xs.shape[1])
+        V, Vt = self._fit_preprocessing(Xs, Xt if has_t else None, Xu)
         self.n_features_in_ = Xs.shape[1]
         if has_t:
             V = np.vstack([V, Vt])
