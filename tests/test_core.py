@@ -310,6 +310,30 @@ def test_svm_step_singular_gram_equals_primal():
     assert np.max(np.abs(res.b - b_ref)) <= 1e-6 * max(1.0, np.abs(b_ref).max())
 
 
+@pytest.mark.parametrize(("n", "L", "primal"), [(200, 12, True), (200, 40, False), (30, 60, False)])
+def test_linear_svm_route_solves_the_same_svm(monkeypatch, n, L, primal):
+    """``linear_svm`` solves the primal only with few columns (``L + 1 <= 32``) and more
+    samples; otherwise the dual (its primal took minutes at 2,048 features). Either route
+    equals the primal solved by the interior point (1e-6 relative: its gap is 1e-10)."""
+    import mmdtl2_dist.core.reference as ref
+    from mmdtl2_dist.core.svm import linear_svm
+
+    rng = np.random.default_rng(n + L)
+    K = 3
+    y = rng.integers(0, K, n)
+    X = rng.standard_normal((n, L)) + 2 * np.eye(K, L)[y]
+    cost = rng.uniform(0.1, 1.0, n)
+    Theta_ref, b_ref = ref.svm_primal(X, y, K, cost)
+    calls = []
+    real = ref.svm_primal
+    monkeypatch.setattr(ref, "svm_primal", lambda *a: (calls.append(1), real(*a))[1])
+    Theta, b = linear_svm(X, y, K, cost)
+    assert bool(calls) == primal
+    scale = np.abs(Theta_ref).max()
+    assert np.max(np.abs(Theta - Theta_ref)) <= 1e-6 * scale
+    assert np.max(np.abs(b - b_ref)) <= 1e-6 * max(1.0, np.abs(b_ref).max())
+
+
 def test_cv_fold_schemes():
     """LOO holds out every sample whose class keeps one in training, once; per-class holds
     out one of each class per fold; "auto" switches at loo_max; test samples never enter."""
