@@ -1,7 +1,8 @@
 """``MMDTL2(select="auto")`` with many classes: time and peak memory of one fit.
 
     python benchmarks/bench_many_classes.py [--classes 10 20 40 65] [--per-class 40]
-        [--dim 2048] [--labels 3] [--noise 8] [--out benchmarks/results/many_classes.json]
+        [--dim 2048] [--labels 3] [--noise 8] [--baselines]
+        [--out benchmarks/results/many_classes.json]
 
 The W-step's dual has one variable per (class, labelled target) pair, so its Hessian
 has ``(K M)²`` entries: with 65 classes (Office-Home) and 3 labelled targets per class,
@@ -12,6 +13,9 @@ process (its peak resident memory is the process's own), on synthetic CNN-like f
 about 85 % accurate and the rule doubles its pseudo-labels on this hard shift, the
 largest W-step it makes), ``labels`` labelled targets per class, the other target
 samples given as unlabelled, the estimator as a user calls it (``l2_zscore``).
+``--baselines`` also fits the source SVM and the target SVM on the same samples (the
+unlabelled targets in their statistics) and reports their accuracy on the same held-out
+targets.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import json, resource, sys, time
 import numpy as np
 from mmdtl2_dist.estimators import MMDTL2
 C, per, d, nl = (int(a) for a in sys.argv[1:5])
-noise = float(sys.argv[5])
+noise, baselines = float(sys.argv[5]), sys.argv[6] == "1"
 rng = np.random.default_rng(0)
 means = rng.normal(size=(C, d))
 y = np.repeat(np.arange(C), per)
@@ -42,8 +46,15 @@ t0 = time.perf_counter()
 m = MMDTL2(select="auto", preprocessing="l2_zscore").fit_domains(
     Xs, y, Xt[lab], y[lab], Xt_unlabelled=Xt[rest]
 )
+out = {"fit_s": time.perf_counter() - t0}
+if baselines:
+    from mmdtl2_dist.estimators import SourceSVM, TargetSVM
+    for name, Est in (("source_svm", SourceSVM), ("target_svm", TargetSVM)):
+        b = Est(preprocessing="l2_zscore").fit_domains(
+            Xs, y, Xt[lab], y[lab], Xt_unlabelled=Xt[rest])
+        out[name + "_accuracy"] = float(b.score(Xt[rest], y[rest]))
 print(json.dumps({
-    "fit_s": time.perf_counter() - t0,
+    **out,
     "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
     "accuracy": float(m.score(Xt[rest], y[rest])),
     "pick": m.auto_["pick"],
@@ -53,13 +64,15 @@ print(json.dumps({
 """
 
 
-def one_fit(classes: int, per_class: int, dim: int, labels: int, noise: float) -> dict:
+def one_fit(
+    classes: int, per_class: int, dim: int, labels: int, noise: float, baselines: bool = False
+) -> dict:
     """One fit in a fresh process; its figures, or why it failed (killed, error)."""
     t0 = time.perf_counter()
+    argv = (classes, per_class, dim, labels, noise, int(baselines))
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, *map(str, (classes, per_class, dim, labels, noise))],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", CHILD, *map(str, argv)], capture_output=True, text=True
+    )
     out = {"classes": classes, "per_class": per_class, "dim": dim, "labels": labels, "noise": noise}
     if proc.returncode:
         return {**out, "failed": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
@@ -74,11 +87,12 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=2048)
     ap.add_argument("--labels", type=int, default=3)
     ap.add_argument("--noise", type=float, default=8.0, help="within-class spread")
+    ap.add_argument("--baselines", action="store_true", help="also the source and target SVMs")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     runs = []
     for c in args.classes:
-        runs.append(one_fit(c, args.per_class, args.dim, args.labels, args.noise))
+        runs.append(one_fit(c, args.per_class, args.dim, args.labels, args.noise, args.baselines))
         print(json.dumps(runs[-1]), flush=True)
     meta = {
         "command": "python benchmarks/bench_many_classes.py " + " ".join(sys.argv[1:]),

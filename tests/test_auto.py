@@ -209,7 +209,8 @@ def test_a_source_class_without_labelled_targets_leaves_the_target_svm_out():
     res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
     assert [r["candidate"] for r in choice.table] == ["D", "S"] and res.info["n_fits"] == 7
     assert res.scores.shape == (40, 4)
-    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    with pytest.warns(UserWarning, match=r"source class\(es\) \[3\] have no labelled target"):
+        est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
     assert est.auto_["pick"] == choice.pick and est.decision_function(Xu).shape == (40, 4)
 
 
@@ -329,6 +330,18 @@ def test_estimator_auto_refuses_two_feature_spaces_and_a_user_map():
         MMDTL2(select="auto").fit_domains(Xs[:, :10], ys, Xt, yt)
     with pytest.raises(ValueError, match="select='auto' chooses the prior itself"):
         MMDTL2(select="auto", prior="matrix", W0=np.eye(20)).fit_domains(Xs, ys, Xt, yt)
+    # a parameter the rule sets, changed from its default, is refused, not ignored
+    for kw in ({"c_f": 5.0}, {"prior_weight": 0.3}, {"prior": "identity"}):
+        with pytest.raises(ValueError, match=rf"remove \['{next(iter(kw))}'\] from the param"):
+            MMDTL2(select="auto", **kw).fit_domains(Xs, ys, Xt, yt)
+
+
+def test_a_refit_without_select_leaves_no_selection_of_the_last_fit():
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices()
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    assert est.selected_params_ and est.auto_
+    est.set_params(select=None).fit_domains(Xs, ys, Xt, yt)
+    assert est.selected_params_ is None and est.auto_ is None and est.selection_ is None
 
 
 def test_estimator_auto_target_svm_pick_equals_the_core_rule_and_maps_nothing():

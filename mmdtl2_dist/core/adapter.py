@@ -31,6 +31,9 @@ from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.preprocessing import PreprocessStats
 from mmdtl2_dist.core.threads import one_thread
 
+#: The fix named when an integer does not fit in float64.
+TOO_LARGE = "send values whose magnitude is below 1.8e308."
+
 
 def check_features(
     X, n_features: int | None, name: str = "X", owner: str = "the model"
@@ -44,9 +47,12 @@ def check_features(
     """
     from sklearn.utils import check_array
 
-    X = check_array(
-        X, accept_sparse=False, dtype=np.float64, ensure_all_finite=False, input_name=name
-    )
+    try:
+        X = check_array(
+            X, accept_sparse=False, dtype=np.float64, ensure_all_finite=False, input_name=name
+        )
+    except OverflowError:  # a Python int beyond float64's range
+        raise ValueError(f"{name} holds an integer too large for float64; {TOO_LARGE}") from None
     return check_width_and_values(X, n_features, name, owner)
 
 
@@ -125,7 +131,14 @@ def as_numeric_array(X, name: str = "X") -> np.ndarray:
     if kind == "O":
         if not set(map(type, X.flat)) <= _PLAIN_NUMBER_TYPES:
             _refuse_non_numbers(X, name)
-        return X.astype(np.float64)
+        try:
+            return X.astype(np.float64)
+        except OverflowError:  # a Python int beyond float64's range
+            big = next(i for i, v in enumerate(X.flat) if type(v) is int and abs(v) > 1e308)
+            where = _where(np.unravel_index(big, X.shape))
+            raise ValueError(
+                f"{name} holds an integer too large for float64 at {where}; {TOO_LARGE}"
+            ) from None
     what = {"b": "booleans", "U": "strings", "S": "bytes", "c": "complex numbers"}
     raise ValueError(
         f"{name} holds {what.get(kind, f'{X.dtype} values')}"

@@ -91,7 +91,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     fit_info_ : dict
         QP statuses and KKT residuals, timings (for a target-SVM pick only its method).
     selection_ : list of dict or None
-        CV table when ``select`` was given; ``selected_params_`` the chosen set.
+        CV table when ``select`` was given; ``selected_params_`` the chosen set (None
+        without ``select``).
     auto_ : dict or None
         With ``select="auto"``: the rule's version, pick, pool size, the number of
         unlabelled targets and of those self-trained into the fit (``pseudo_labelled``),
@@ -161,7 +162,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         Xu_p = preprocessed(Xu, self.target_preprocessing_, "Xt_unlabelled (preprocessed)")
         self.n_features_in_ = Xt.shape[1]
         self.n_source_features_ = Xs.shape[1]
-        self.selection_ = self.auto_ = None
+        self.selection_ = self.auto_ = self.selected_params_ = None
         params = self._fit_params()
         if params["select"] == "auto":
             params, Xt_p, yt = self._select_auto(Xs_p, ys, Xt_p, yt, Xu_p, params)
@@ -180,7 +181,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         Returns the parameters and the targets to fit: the labelled ones, then those the
         rule pseudo-labelled.
         """
-        from mmdtl2_dist.core.auto import RULE_KEYS
+        from mmdtl2_dist.core.auto import RULE_KEYS, check_auto_request
         from mmdtl2_dist.core.auto_features import select_auto_features
 
         if base["W0"] is not None:
@@ -188,7 +189,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                 "select='auto' chooses the prior itself and does not use W0; drop W0, or "
                 "fit the map W0 with select=None and prior='matrix'."
             )
-        keys = set(default_params("mmdtl2")) - set(RULE_KEYS)
+        defaults = default_params("mmdtl2")  # a rule key left at its default is not a choice
+        check_auto_request("mmdtl2", {k: base[k] for k in RULE_KEYS if base[k] != defaults[k]})
+        keys = set(defaults) - set(RULE_KEYS)
         choice, W0, added = select_auto_features(Xs, ys, Xt, yt, Xu, {k: base[k] for k in keys})
         self.auto_ = choice.record()
         self.selection_ = choice.table
