@@ -310,10 +310,14 @@ def test_svm_step_singular_gram_equals_primal():
     assert np.max(np.abs(res.b - b_ref)) <= 1e-6 * max(1.0, np.abs(b_ref).max())
 
 
-@pytest.mark.parametrize(("n", "L", "primal"), [(200, 12, True), (200, 40, False), (30, 60, False)])
+@pytest.mark.parametrize(
+    ("n", "L", "primal"),
+    [(200, 12, True), (200, 31, True), (200, 32, False), (200, 40, False), (30, 60, False)],
+)
 def test_linear_svm_route_solves_the_same_svm(monkeypatch, n, L, primal):
     """``linear_svm`` solves the primal only with few columns (``L + 1 <= 32``) and more
-    samples; otherwise the dual (its primal took minutes at 2,048 features). Either route
+    samples, or where the dual's two n x n arrays would not fit; otherwise the dual (its
+    primal took minutes at 2,048 features). Either route
     equals the primal solved by the interior point (1e-6 relative: its gap is 1e-10)."""
     import mmdtl2_dist.core.reference as ref
     from mmdtl2_dist.core.svm import linear_svm
@@ -324,12 +328,18 @@ def test_linear_svm_route_solves_the_same_svm(monkeypatch, n, L, primal):
     X = rng.standard_normal((n, L)) + 2 * np.eye(K, L)[y]
     cost = rng.uniform(0.1, 1.0, n)
     Theta_ref, b_ref = ref.svm_primal(X, y, K, cost)
+    scale = np.abs(Theta_ref).max()
     calls = []
     real = ref.svm_primal
     monkeypatch.setattr(ref, "svm_primal", lambda *a: (calls.append(1), real(*a))[1])
     Theta, b = linear_svm(X, y, K, cost)
     assert bool(calls) == primal
-    scale = np.abs(Theta_ref).max()
+    if not primal and L + 1 < n:  # where the dual's n x n arrays do not fit: the primal
+        import mmdtl2_dist.core.wstep as ws
+
+        monkeypatch.setattr(ws, "available_bytes", lambda: 16 * n * n - 1)
+        assert np.allclose(linear_svm(X, y, K, cost)[0], Theta_ref, atol=1e-6 * scale)
+        assert len(calls) == 1
     assert np.max(np.abs(Theta - Theta_ref)) <= 1e-6 * scale
     assert np.max(np.abs(b - b_ref)) <= 1e-6 * max(1.0, np.abs(b_ref).max())
 
@@ -745,17 +755,14 @@ def test_a_w_step_too_large_for_memory_is_refused_with_its_size(monkeypatch):
     K, M = 3, 9
     _, ys, yt, Xs, Xt = _problem(5, K, 15, M, 4, 4)
     monkeypatch.setattr(mm, "SMALL_WSTEP_BYTES", 0)
-    monkeypatch.setattr(mm, "available_bytes", lambda: 8 * (K * M) ** 2 - 1)
-    with pytest.raises(ValueError, match=r"3 classes x 9 labelled target samples = 27 dual"):
-        MMDTL2().fit_domains(Xs, ys, Xt, yt)
-    monkeypatch.setattr(mm, "available_bytes", lambda: 8 * (K * M) ** 2)
-    MMDTL2().fit_domains(Xs, ys, Xt, yt)
-    with pytest.raises(ValueError, match=r"solving it \(osqp\) needs"):  # OSQP copies it
+    need = int(8 * (K * M) ** 2 * mm.SOLVER_COPIES["osqp"])  # OSQP copies it
+    monkeypatch.setattr(mm, "available_bytes", lambda: need - 1)
+    with pytest.raises(ValueError, match=r"3 classes x 9 labelled target samples = 27 dual") as e:
         MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)
-    # above MATRIX_FREE_ABOVE_BYTES coordinate descent never builds it: no refusal, and
-    # OSQP's refusal names that way out
-    monkeypatch.setattr(mm, "MATRIX_FREE_ABOVE_BYTES", 0)
+    assert "solving it (osqp) needs" in str(e.value)
+    assert "Instead, use qp_solver='dcd' (it never builds" in str(e.value)
+    monkeypatch.setattr(mm, "available_bytes", lambda: need)
+    MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)
+    # coordinate descent builds it only up to SMALL_WSTEP_BYTES and never asks
     monkeypatch.setattr(mm, "available_bytes", lambda: 0)
     MMDTL2().fit_domains(Xs, ys, Xt, yt)
-    with pytest.raises(ValueError, match=r"Instead, use qp_solver='dcd' \(it never builds"):
-        MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)

@@ -396,3 +396,28 @@ def test_a_large_w_step_is_solved_unbuilt_with_the_built_ones_fit(monkeypatch):
     seen.clear()
     MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)
     assert seen and set(seen) == {np.ndarray}
+
+
+@pytest.mark.parametrize("epochs", [1, 5])
+def test_kron_sweeps_take_the_dense_sweeps_steps(epochs):
+    """The compiled sweeps on the unbuilt Hessian take the same steps as on the built one
+    (same seed, ``tol = 0`` so both run ``epochs`` sweeps): the same largest projected
+    gradient, the same point and a gradient still equal to ``H x − f``, to rounding
+    (1e-12: the updates are summed in another order). The solver recomputes ``g`` after
+    every round of sweeps, so only this test sees a wrong update."""
+    from mmdtl2_dist.core.sweeps import dense_sweeps, kron_sweeps
+
+    H, f, _ = _kron_problem(5, K=4, M=9, rank=2)
+    dense = H.dense()
+    lb, ub = np.zeros(f.size), np.full(f.size, 1.5)
+    runs = []
+    for sweeps, args in ((kron_sweeps, (H.A, H.B, H.s)), (dense_sweeps, (dense,))):
+        x = np.zeros(f.size)
+        g = -f.copy()
+        ep, viol = sweeps(*args, g, x, lb, ub, 0.0, epochs, 7)
+        runs.append((ep, viol, x, g))
+    (ep_k, viol_k, x_k, g_k), (ep_d, viol_d, x_d, g_d) = runs
+    assert ep_k == ep_d == epochs
+    assert viol_k == pytest.approx(viol_d, rel=1e-12)
+    np.testing.assert_allclose(x_k, x_d, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g_k, dense @ x_k - f, rtol=0, atol=1e-12)

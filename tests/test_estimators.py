@@ -185,6 +185,24 @@ def test_a_source_svm_takes_the_target_statistics_from_unlabelled_samples_alone(
     np.testing.assert_array_equal(plain.coef_, est.coef_)  # the SVM is the same
 
 
+@pytest.mark.parametrize("Est", [MMDTL2, MMDT, MMDTHoffman, TargetSVM, SourceSVM])
+def test_every_target_row_unlabelled_is_refused_only_where_labels_are_needed(Est):
+    """skada's default pipeline masks every target label (-1): the methods that learn from
+    labelled targets refuse, naming the pipeline option; the source SVM fits on the
+    source with the target statistics of those rows, as ``fit_domains`` does."""
+    X, y, sd, Xq = skada_inputs(7)
+    y = np.where(sd < 0, -1, y)
+    if Est is SourceSVM:
+        a = Est(preprocessing="zscore").fit(X, y, sample_domain=sd)
+        b = Est(preprocessing="zscore").fit_domains(X[sd > 0], y[sd > 0], Xt_unlabelled=X[sd < 0])
+        assert a.n_unlabelled_target_ == int((sd < 0).sum())
+        np.testing.assert_array_equal(a.decision_function(Xq), b.decision_function(Xq))
+        return
+    with pytest.raises(ValueError, match="every target row .* is labelled -1") as e:
+        Est().fit(X, y, sample_domain=sd)
+    assert "mask_target_labels=False" in str(e.value)
+
+
 def test_mmdtl2_takes_unlabelled_target_rows_as_fit_domains_xt_unlabelled():
     """y = -1 on a target row (skada's mark) == the row passed as Xt_unlabelled."""
     X, y, sd, Xq = skada_inputs(4)

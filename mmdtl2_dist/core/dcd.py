@@ -39,7 +39,8 @@ import numpy as np
 from numba import njit
 from scipy.linalg import lapack
 
-from mmdtl2_dist.core.kron import ScaledKron, kron_sweeps
+from mmdtl2_dist.core.kron import ScaledKron
+from mmdtl2_dist.core.sweeps import dense_sweeps, kron_sweeps
 
 # Pivots of a free block's Cholesky factorisation below this fraction of its largest
 # diagonal entry are treated as zero (assembled Grams carry rounding noise in their null
@@ -52,61 +53,6 @@ FIRST_SWEEP_BUDGET = 200
 # exact optimum wherever the active set is identified (polished residuals are 1e-17 to
 # 1e-11 on the study's problems, the upper end being their rounding floor).
 EXACT_FRACTION = 1e-2
-
-
-@njit(cache=True, nogil=True)
-def _sweeps(H, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
-    """Randomised cyclic coordinate descent on ``½xᵀHx − fᵀx`` in place.
-
-    ``g`` must hold ``Hx − f`` on entry and is kept exact. Stops after the first sweep
-    whose largest projected gradient is ``<= tol``. Returns ``(sweeps, largest |pg|)``.
-    """
-    n = x.shape[0]
-    # numba's own generator (separate from NumPy's global state); Generator objects are
-    # not supported inside compiled code.
-    np.random.seed(seed)  # noqa: NPY002
-    perm = np.arange(n)
-    viol = np.inf
-    ep = 0
-    while ep < max_epochs:
-        ep += 1
-        np.random.shuffle(perm)  # noqa: NPY002
-        viol = 0.0
-        for t in range(n):
-            i = perm[t]
-            gi = g[i]
-            xi = x[i]
-            if xi <= lb[i]:
-                pg = gi if gi < 0.0 else 0.0
-            elif xi >= ub[i]:
-                pg = gi if gi > 0.0 else 0.0
-            else:
-                pg = gi
-            if pg == 0.0:
-                continue
-            a = -pg if pg < 0.0 else pg
-            if a > viol:
-                viol = a
-            hii = H[i, i]
-            if hii > 0.0:
-                nx = xi - gi / hii
-            elif gi > 0.0:  # linear in x_i: go to the bound the gradient points to
-                nx = lb[i]
-            else:
-                nx = ub[i]
-            if nx < lb[i]:
-                nx = lb[i]
-            elif nx > ub[i]:
-                nx = ub[i]
-            d = nx - xi
-            if d != 0.0 and np.isfinite(nx):
-                x[i] = nx
-                row = H[i]
-                for j in range(n):
-                    g[j] += d * row[j]
-        if viol <= tol:
-            break
-    return ep, viol
 
 
 @njit(cache=True, nogil=True)
@@ -289,7 +235,7 @@ def _run_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):
     """The compiled sweeps on a stored Hessian or a :class:`~mmdtl2_dist.core.kron.ScaledKron`."""
     if isinstance(H, ScaledKron):
         return kron_sweeps(H.A, H.B, H.s, g, x, lb, ub, tol, max_epochs, seed)
-    return _sweeps(H, g, x, lb, ub, tol, max_epochs, seed)
+    return dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed)
 
 
 class DCDResult(NamedTuple):

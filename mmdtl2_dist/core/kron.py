@@ -8,11 +8,13 @@ needs the array:
 
 - a coordinate step on variable ``i = k M + m`` changes the gradient by ``δ`` times row
   ``i``, whose entry ``j = l M + n`` is ``s_i Ā_kl B̄_mn s_j``: ``K M`` products from
-  row ``k`` of ``Ā`` and row ``m`` of ``B̄`` (:func:`kron_sweeps`), as many operations
-  as reading a stored row, from memory that stays in cache;
+  row ``k`` of ``Ā`` and row ``m`` of ``B̄``
+  (:func:`~mmdtl2_dist.core.sweeps.kron_sweeps`), as many operations as reading a
+  stored row, from memory that stays in cache;
 - a product with a vector is ``s ⊙ vec(Ā (s ⊙ x)_{K×M} B̄)``, ``O(K² M + K M²)``;
 - the polish's free block is ``(Ā_{k_F k_F} ∘ B̄_{m_F m_F}) ∘ s_F s_Fᵀ`` (:meth:`block`),
-  entry for entry the stored Hessian's.
+  entry for entry the stored Hessian's. It is the one array of the unbuilt path that is
+  quadratic in a count of variables: the free ones, ``|F|²``.
 
 :class:`ScaledKron` holds the three factors (linear memory) and is what
 :func:`~mmdtl2_dist.core.dcd.dcd_box_qp` takes in place of the array. ``Ā``, ``B̄`` are
@@ -80,67 +82,12 @@ class ScaledKron:
         """``H[np.ix_(idx, idx)]``: the stored Hessian's entries, to the bit."""
         k, m = np.divmod(idx, self.M)
         s = self.s[idx]
-        return self.A[np.ix_(k, k)] * self.B[np.ix_(m, m)] * np.multiply.outer(s, s)
+        out = self.A[np.ix_(k, k)]
+        out *= self.B[np.ix_(m, m)]
+        for row, si in zip(out, s, strict=True):  # s_i s_j, as the built Hessian has it
+            row *= si * s
+        return out
 
     def dense(self) -> np.ndarray:
         """The Hessian as an array (``(K M)²`` float64: small problems and tests)."""
         return kron_hessian(self.A, self.B, self.s)
-
-
-@njit(cache=True, nogil=True)
-def kron_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
-    """The coordinate sweeps of :mod:`~mmdtl2_dist.core.dcd` on ``diag(s) (A ⊗ B) diag(s)``.
-
-    ``A``, ``B`` symmetric. The same randomised steps in the same order for the same seed
-    as on the stored Hessian (the gradient's updates round differently); each row is
-    made from row ``k`` of ``A`` and row ``m`` of ``B`` as it is used. Returns
-    ``(sweeps, largest |pg|)``.
-    """
-    K, M = A.shape[0], B.shape[0]
-    n = x.shape[0]
-    np.random.seed(seed)  # noqa: NPY002 - numba's own generator
-    perm = np.arange(n)
-    viol = np.inf
-    ep = 0
-    while ep < max_epochs:
-        ep += 1
-        np.random.shuffle(perm)  # noqa: NPY002
-        viol = 0.0
-        for t in range(n):
-            i = perm[t]
-            k, m = i // M, i % M
-            gi, xi, si = g[i], x[i], s[i]
-            if xi <= lb[i]:
-                pg = gi if gi < 0.0 else 0.0
-            elif xi >= ub[i]:
-                pg = gi if gi > 0.0 else 0.0
-            else:
-                pg = gi
-            if pg == 0.0:
-                continue
-            a = -pg if pg < 0.0 else pg
-            if a > viol:
-                viol = a
-            hii = A[k, k] * B[m, m] * (si * si)
-            if hii > 0.0:
-                nx = xi - gi / hii
-            elif gi > 0.0:  # linear in x_i: go to the bound the gradient points to
-                nx = lb[i]
-            else:
-                nx = ub[i]
-            nx = min(max(nx, lb[i]), ub[i])
-            d = nx - xi
-            if d != 0.0 and np.isfinite(nx):
-                x[i] = nx
-                ds = d * si
-                Bm = B[m]
-                for l in range(K):
-                    c = ds * A[k, l]
-                    if c == 0.0:
-                        continue
-                    j0 = l * M
-                    for q in range(M):
-                        g[j0 + q] += c * (Bm[q] * s[j0 + q])
-        if viol <= tol:
-            break
-    return ep, viol

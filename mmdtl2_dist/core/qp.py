@@ -23,7 +23,8 @@ Two solvers are offered behind one front end, :func:`solve_box_qp`:
     warm start and from K·M = 1,000 cold (BENCHMARKS.md, "QP solvers against the dense
     solvers of qpsolvers"). If it misses the tolerance within its budget (very
     ill-conditioned Hessians, condition numbers ~1e10), OSQP continues from its point
-    and the better of the two points is kept.
+    and the better of the two points is kept; not on a W-step Hessian too large to
+    build (:class:`~mmdtl2_dist.core.kron.ScaledKron`), which OSQP cannot take.
 ``"osqp"``
     OSQP (operator splitting) with tight tolerances and solution polishing; general and
     robust (it met the tolerance on every measured QP it finished), but first-order and
@@ -226,9 +227,10 @@ def solve_prescaled_box_qp(
 
     ``Hs = D H D`` with ``d = jacobi_scale(diag(H))``, symmetric and finite; ``f``,
     ``lb``, ``ub`` and ``x0`` in the original variables, as is the result. The SVM-step
-    and the W-step build ``Hs`` in one compiled pass
-    (:func:`~mmdtl2_dist.core.dcd.svm_hessian`, :func:`~mmdtl2_dist.core.kron.kron_hessian`)
-    instead of the several dense temporaries of ``H`` this front end would make.
+    builds ``Hs`` in one compiled pass (:func:`~mmdtl2_dist.core.dcd.svm_hessian`) instead
+    of the several dense temporaries of ``H`` this front end would make; the W-step
+    builds it so too (:func:`~mmdtl2_dist.core.kron.kron_hessian`) or passes it unbuilt
+    (:class:`~mmdtl2_dist.core.kron.ScaledKron`).
     """
     t0 = time.perf_counter()
     r = solve_scaled_box_qp(
@@ -314,10 +316,14 @@ def solve_scaled_box_qp(
     if res > tol:
         # OSQP's own tolerances are on the ADMM residuals; check the KKT conditions here.
         if res > max(1e3 * tol, 1e-5):
+            fix = (
+                "Increase max_iter, loosen tol, or rescale the features."
+                if isinstance(Hs, np.ndarray)
+                else "Loosen qp_tol, or raise c_f (a better-conditioned W-step)."
+            )
             raise QPSolveError(
                 f"box QP of size {n} not solved: solver {used!r} stopped with status "
-                f"{status!r} at relative KKT residual {res:.2e} > tol {tol:.1e}. "
-                "Increase max_iter, loosen tol, or rescale the features."
+                f"{status!r} at relative KKT residual {res:.2e} > tol {tol:.1e}. {fix}"
             )
         status = "solved inaccurate"
     obj = float(0.5 * y @ (Hs @ y) - fs @ y)

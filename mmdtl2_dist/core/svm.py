@@ -115,10 +115,14 @@ def linear_svm(V, y_enc, K, cost, qp_solver="dcd", qp_tol=1e-8):
     solver, about ``n L²`` a step) is cheap. The primal's cost grows like ``L²``: with
     1,000 samples it took 0.05, 1.0 and 22 s for 10, 100 and 800 features against 0.7,
     0.2 and 0.1 s for the dual, and 436 s against 0.6 s for 2,048 features and 2,795
-    samples (BENCHMARKS.md, "Linear SVMs on explicit features").
+    samples (BENCHMARKS.md, "Linear SVMs on explicit features"). The dual holds two
+    ``n × n`` arrays; where they would not fit in the available memory and there are
+    fewer columns than samples, the primal (``O(n L)`` memory) is solved instead.
     """
+    from mmdtl2_dist.core.wstep import available_bytes
+
     n, L = V.shape
-    if L + 1 < n and L + 1 <= PRIMAL_MAX_COLUMNS:
+    if L + 1 < n and (L + 1 <= PRIMAL_MAX_COLUMNS or 16 * n * n > available_bytes()):
         from mmdtl2_dist.core.reference import svm_primal
 
         return svm_primal(V, y_enc, K, cost)

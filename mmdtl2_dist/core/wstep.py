@@ -5,10 +5,11 @@ The notation is that of :mod:`mmdtl2_dist.core.mmdtl2`, whose alternation calls
 its Hessian has ``(K M)²`` float64 entries. Up to :data:`MATRIX_FREE_ABOVE_BYTES` it is
 built once, Jacobi-scaled, in one compiled pass
 (:func:`~mmdtl2_dist.core.kron.kron_hessian`); above, coordinate descent uses it without
-building it (:class:`~mmdtl2_dist.core.kron.ScaledKron`: memory linear in ``K M``, each
-sweep still ``(K M)²`` operations). The rule depends on the problem's size alone, so a
-fit gives the same result on every machine. OSQP needs the array: a W-step it could not
-hold is refused with its size (:func:`check_wstep_fits`).
+building it (:class:`~mmdtl2_dist.core.kron.ScaledKron`: memory linear in ``K M`` but
+for the polish's block of free variables, each sweep still ``(K M)²`` operations). The
+route depends on the problem's size alone, never on the machine's free memory, so a fit
+runs the same algorithm everywhere. OSQP needs the array: a W-step it could not hold is
+refused with its size (:func:`check_wstep_fits`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def wstep_dual(
     The QP is ``min ½ aᵀHa − fᵀa``, ``0 ≤ a ≤ c_t`` (the negated dual), where
 
     - ``H = Y ((ΘᵀΘ) ⊗ G) Y`` with ``ΘᵀΘ = βᵀ Kz β`` (:func:`wstep_hessian`; it has
-      ``(KM)²`` entries, so it is built once, scaled, where it is solved),
+      ``(KM)²`` entries, so it is scaled, and built or not, where it is solved),
     - ``f = 1 − Y b̃ − Y vec(Θᵀ R G)``, ``ΘᵀR = βᵀ Kz R_c``,
       ``b̃_km = b_k + θ_kᵀ u_m = b_k + (βᵀ Kz E_u)_km``,
     - ``Y = diag(vec(Yt))``, ``a`` class-major: ``a[k*M + m] = a_km``.
@@ -87,9 +88,12 @@ def wstep_dual(
     return TT, f
 
 
+#: W-step Hessians up to this size are built without asking the system for its memory.
+SMALL_WSTEP_BYTES = 1 << 28
 #: W-step Hessians (``8 (K M)²`` bytes) above this size are never built for coordinate
-#: descent: 1 GB, ``K M`` above 11,585 (40 classes and 9 targets a class, self-trained).
-MATRIX_FREE_ABOVE_BYTES = 1 << 30
+#: descent: 256 MB, ``K M`` above 5,792 (20 classes and 9 targets a class, self-trained),
+#: so coordinate descent never needs to ask for memory.
+MATRIX_FREE_ABOVE_BYTES = SMALL_WSTEP_BYTES
 
 
 def wstep_hessian(
@@ -107,10 +111,6 @@ def wstep_hessian(
     if solver == "dcd" and 8 * s.size**2 > MATRIX_FREE_ABOVE_BYTES:
         return H
     return H.dense()
-
-
-#: W-step Hessians up to this size are built without asking the system for its memory.
-SMALL_WSTEP_BYTES = 1 << 28
 
 
 def available_bytes() -> int:
@@ -141,7 +141,7 @@ def check_wstep_fits(K: int, M: int, solver: str = "dcd") -> None:
     The kernel would otherwise kill the process (or the study's worker) mid-fit.
     """
     need = int(8 * (K * M) ** 2 * SOLVER_COPIES.get(solver, 1.0))
-    if need <= SMALL_WSTEP_BYTES or (solver == "dcd" and need > MATRIX_FREE_ABOVE_BYTES):
+    if need <= SMALL_WSTEP_BYTES or solver == "dcd":  # dcd builds it up to that size only
         return
     have = available_bytes()
     if need > have:
@@ -151,7 +151,7 @@ def check_wstep_fits(K: int, M: int, solver: str = "dcd") -> None:
             "class), or on a machine with more memory"
         )
         if solver != "dcd":
-            fix = f"use qp_solver='dcd' (it never builds a Hessian above 1 GB), or {fix}"
+            fix = f"use qp_solver='dcd' (it never builds a Hessian above 256 MB), or {fix}"
         raise ValueError(
             f"the W-step QP of this fit has {K} classes x {M} labelled target samples = "
             f"{K * M:,} dual variables, and solving it ({solver}) needs {need / 1e9:.1f} GB, "

@@ -26,6 +26,7 @@ from mmdtl2_dist.estimators.inputs import (
     domain_masks,
     n_rows,
     preprocessed,
+    refuse_only_unlabelled_targets,
     split_domains,
 )
 
@@ -100,8 +101,11 @@ class _AdaptationBase(ClassifierMixin, BaseEstimator):
         """
         if sample_domain is None:
             return self._fit_one_domain(X, y)
-        *parts, Xu = split_domains(X, y, sample_domain, type(self).__name__, unlabelled=True)
-        return self.fit_domains(*parts, Xt_unlabelled=Xu)
+        name = type(self).__name__
+        Xs, ys, Xt, yt, Xu = split_domains(X, y, sample_domain, name)
+        if self._needs_target:
+            refuse_only_unlabelled_targets(yt, Xu, name)
+        return self.fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
 
     def _fit_one_domain(self, X, y):
         """``fit`` without ``sample_domain``: refused, naming both ways to give the domains."""

@@ -138,45 +138,26 @@ def unlabelled_target_rows(y: np.ndarray, target: np.ndarray) -> np.ndarray:
     return target & (y == -1)
 
 
-def _refuse_unlabelled_targets(unlabelled: np.ndarray, owner: str) -> None:
-    """Refuse target rows labelled ``-1`` for a method that cannot use unlabelled samples.
-
-    Reading ``-1`` as a class would silently train on unknown labels (a skada pipeline
-    masks every target label with ``-1`` unless told not to).
-    """
-    rows = np.flatnonzero(unlabelled)
-    if rows.size:
-        shown = ", ".join(map(str, rows[:10])) + (" ..." if rows.size > 10 else "")
-        raise ValueError(
-            f"{rows.size} target row(s) (sample_domain < 0) are labelled -1, skada's mark "
-            f"for an unlabelled target sample (rows {shown}); {owner} learns from labelled "
-            "target samples only (MMDTL2 accepts unlabelled ones). Drop those rows "
-            "(keep = ~((sample_domain < 0) & (y == -1))); in a skada pipeline, keep the "
-            "target labels: make_da_pipeline(..., mask_target_labels=False). If -1 is a "
-            "real class, relabel it, or pass the arrays to fit_domains(Xs, ys, Xt, yt), "
-            "which reads every label as a class."
-        )
-
-
-def split_domains(X, y, sample_domain, owner: str = "the model", *, unlabelled: bool = False):
+def split_domains(X, y, sample_domain, owner: str = "the model"):
     """``(Xs, ys, Xt, yt, Xu)`` from skada's ``X``, ``y`` and ``sample_domain``.
 
     Rows with ``sample_domain > 0`` are source samples, rows with ``sample_domain < 0``
     target samples (:func:`domain_masks`): the labelled ones in ``Xt``, ``yt``, those
-    labelled ``-1`` (skada's unlabelled mark) in ``Xu`` if ``unlabelled``, else refused
-    (:func:`_refuse_unlabelled_targets`).
+    labelled ``-1`` (skada's unlabelled mark, never a class) in ``Xu``.
     """
     X = check_features(X, None)
     y = check_labels(y, X.shape[0], "y")
     src, tgt = domain_masks(sample_domain, X.shape[0], owner)
     unl = unlabelled_target_rows(y, tgt)
-    if not unlabelled:
-        _refuse_unlabelled_targets(unl, owner)
     lab = tgt & ~unl
-    if unl.any() and not lab.any():
+    return X[src], y[src], X[lab], y[lab], X[unl]
+
+
+def refuse_only_unlabelled_targets(yt: np.ndarray, Xu: np.ndarray, owner: str) -> None:
+    """Refuse target rows that are all unlabelled, for a method that needs labelled ones."""
+    if len(Xu) and not len(yt):
         raise ValueError(
-            f"every target row (sample_domain < 0) is labelled -1 (unlabelled, {int(unl.sum())} "
+            f"every target row (sample_domain < 0) is labelled -1 (unlabelled, {len(Xu)} "
             f"rows); {owner} needs at least one labelled target sample. In a skada pipeline "
             "keep the target labels: make_da_pipeline(..., mask_target_labels=False)."
         )
-    return X[src], y[src], X[lab], y[lab], X[unl]
