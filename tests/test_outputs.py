@@ -7,6 +7,7 @@ SIGKILLs of real writer processes.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -396,3 +397,47 @@ def test_a_users_side_file_or_damaged_record_is_never_vouched_for(tmp_path, caps
         (path / "zarr.json").write_text(json.dumps(meta))
         assert main(["synth", str(path), *SYNTH, "--overwrite"]) == 2  # no traceback
         assert "did not write" in capsys.readouterr().err
+
+
+SMALL_SYNTHETIC_STUDY = """
+[study]
+name = "tiny"
+[data]
+space = "conv3"
+pairs = [["source", "target"]]
+[data.synthetic]
+n_source = 40
+n_target = 30
+n_classes = 2
+dim = 12
+seed = 0
+[splits]
+protocol = "half"
+n_splits = 1
+samples_per_class = [2]
+[[methods]]
+method = "target_svm"
+"""
+
+
+def test_a_study_stopped_while_building_its_data_runs_again_in_the_same_folder(tmp_path, capsys):
+    """A study stopped before its state file (Ctrl-C while it built its data) leaves
+    ``<output>/data`` with what it built, or a write in flight; the same command runs
+    again there (``It stopped before it began; run the same command again``), while a
+    folder with anything else beside or inside ``data`` stays refused."""
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(SMALL_SYNTHETIC_STUDY)
+    out = tmp_path / "out"
+    (out / "data" / ".synthetic.zarr.tmp-host-1-0123abcd").mkdir(parents=True)
+    cmd = ["study", "run", str(spec), "--output", str(out), "--executor", "local", "-q"]
+    assert main(cmd) == 0, capsys.readouterr().err
+    assert (out / "study.json").is_file() and (out / "data" / "synthetic.zarr").is_dir()
+    for where in (out, out / "data"):
+        other = tmp_path / f"other_{where.name}"
+        shutil.copytree(out / "data", other / "data")
+        shutil.rmtree(other / "data" / "synthetic.zarr")
+        (other / ("data" if where is out / "data" else ".") / "notes.txt").write_text("mine")
+        cmd[4] = str(other)
+        assert main(cmd) == 2
+        assert "not a study folder written by this system" in capsys.readouterr().err
+        assert (other / ("data" if where is out / "data" else ".") / "notes.txt").exists()

@@ -39,7 +39,8 @@ from mmdtl2_dist.study.executors import EXECUTORS
 #: What a Ctrl-C leaves (printed by the CLI).
 INTERRUPTED = (
     "finished Gram tiles and trials are kept: `mmdtl2 study resume DIR` (DIR: the study's "
-    "output folder) continues."
+    "output folder) continues once the study has begun (DIR holds study.json); before "
+    "that, run the same command again."
 )
 
 

@@ -43,6 +43,24 @@ from mmdtl2_dist.study.splits import (
     on_device,
 )
 
+#: What a study builds in ``<output>/data`` (bundled and synthetic data).
+BUILT_DATA = ("office_caltech10.zarr", "hoffman_splits.json", "synthetic.zarr")
+
+
+def holds_only_built_data(output: Path) -> bool:
+    """Whether ``output`` holds a ``data`` folder of what a study builds, and nothing else.
+
+    What a run stopped while it built its data leaves (its writes in flight included:
+    hidden siblings ``.<name>.tmp-…``), before the study's state file exists.
+    """
+    entries = list(output.iterdir()) if output.is_dir() else []
+    if [e.name for e in entries] != ["data"] or not entries[0].is_dir():
+        return False
+    return all(
+        e.name in BUILT_DATA or any(e.name.startswith(f".{name}.") for name in BUILT_DATA)
+        for e in entries[0].iterdir()
+    )
+
 
 def _data_folder(data_dir: Path, output: Path) -> None:
     """Create the folder of a study's built data, unless it exists.

@@ -56,6 +56,7 @@ from mmdtl2_dist.study.preparation import (
     check_data,
     compute_grams,
     gram_provenance,
+    holds_only_built_data,
     prepare_data,
     study_plan,
     unlabelled_notes,
@@ -64,8 +65,11 @@ from mmdtl2_dist.study.report import write_report
 from mmdtl2_dist.study.spec import StudySpec, load_spec, parse_spec
 from mmdtl2_dist.study.timing import study_timing, timing_line
 
+#: A study folder: its state file, or only the data a run stopped while building it left.
 STUDY_OUTPUT = OutputKind(
-    "study folder", is_dir=True, recognise=lambda path: (path / STATE_FILE).is_file()
+    "study folder",
+    is_dir=True,
+    recognise=lambda path: (path / STATE_FILE).is_file() or holds_only_built_data(path),
 )
 
 
