@@ -93,16 +93,19 @@ def make_store(path: Path, n=(60, 45), seed=0, unlabelled=0) -> Path:
     return path
 
 
-def record_study(folder: Path, tracking_uri: str | None = None, unlabelled: int = 0) -> Path:
+def record_study(
+    folder: Path, tracking_uri: str | None = None, unlabelled: int = 0, run_uri: str | None = None
+) -> Path:
     """A study folder as `mmdtl2 study run` leaves it, with the ACCURACY results (logged
-    to ``tracking_uri`` when given, else to the study's own SQLite store)."""
+    to ``tracking_uri`` when given, else to the study's own SQLite store; ``run_uri``: the
+    run's ``--tracking-uri``, recorded in its state file)."""
     folder.mkdir(parents=True, exist_ok=True)
     store = make_store(folder / "store.zarr", unlabelled=unlabelled)
     tracking = f'[tracking]\nuri = "{tracking_uri}"\n' if tracking_uri else ""
     (folder / "spec.toml").write_text(SPEC + tracking)
     spec = load_spec(folder / "spec.toml", output=folder / "out")
     spec.output.mkdir()
-    _write_state(spec, {})
+    _write_state(spec, {"tracking_uri": tracker_config(spec, run_uri)["tracking_uri"]})
     tracker = StudyTracker(**tracker_config(spec, None))
     tags = {"data_fingerprint": FeatureStore.open(store).fingerprint, "study": spec.name}
     for t in spec.trials():
@@ -346,6 +349,18 @@ def test_register_errors_name_the_fix(study, capsys, args, message):
     rc = main(["register", str(study), "--name", "err", "--quiet", *args])
     assert rc == 2
     assert message in capsys.readouterr().err
+
+
+def test_register_uses_the_store_the_study_logged_to(tmp_path, monkeypatch, capsys):
+    """A study run with --tracking-uri records it; `register` (and every later command)
+    uses that store without being told, and MLFLOW_TRACKING_URI, which `study run` does
+    not read either, does not divert it."""
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    out = record_study(tmp_path / "s", run_uri=f"sqlite:///{tmp_path / 'team.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", elsewhere)
+    assert main(["register", str(out), "--name", "m", "--metric", "accuracy", "--quiet"]) == 0
+    assert f"tracking: sqlite:///{tmp_path / 'team.db'}" in capsys.readouterr().out
+    assert not (tmp_path / "elsewhere.db").exists()
 
 
 def test_register_not_a_study(tmp_path, capsys):

@@ -247,7 +247,5 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
         "features (from `mmdtl2 extract`; WEIGHTS: the same imagenet / PATH / random:SEED, "
         "checked by SHA-256) before the adapter",
     )
-    add_tracking_uri_option(
-        p, "the spec's, else MLFLOW_TRACKING_URI, else sqlite:///<study>/mlflow.db"
-    )
+    add_tracking_uri_option(p, "the store the study logged to (recorded in its study.json)")
     add_quiet_options(p, "progress lines")

@@ -18,7 +18,6 @@ deployed: ``mmdtl2`` and ``mmdt`` (MMDTL2 with ``c_f = 1``, ``c_d = 0``).
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,15 +84,13 @@ class ChosenConfig:
 def open_study(folder: str | Path, tracking_uri: str | None = None) -> StudyHandle:
     """Open a study folder written by ``mmdtl2 study run``.
 
-    The tracking URI is, in order: ``tracking_uri``, the spec's ``[tracking] uri``, the
-    ``MLFLOW_TRACKING_URI`` environment variable, the study's own
-    ``sqlite:///<folder>/mlflow.db``.
+    The tracking URI is ``tracking_uri``, else the store the study logged to
+    (:func:`~mmdtl2_dist.study.runner.tracker_config`).
     """
     from mmdtl2_dist.study.runner import load_state_spec, prepare_data, tracker_config
 
     spec = load_state_spec(folder)
-    uri = tracking_uri or spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    cfg = tracker_config(spec, uri)
+    cfg = tracker_config(spec, tracking_uri)
     store, _ = prepare_data(spec)
     return StudyHandle(spec, Path(store), cfg["tracking_uri"], cfg["experiment"])
 
