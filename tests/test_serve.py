@@ -227,6 +227,7 @@ def _row(**at) -> list:
         ({"inputs": [_row(c2=None)]}, "NaN or Inf in 1 row(s): 0"),
         ({"dataframe_records": [{"f0": 1.0}]}, "one of the keys ['inputs', 'instances'"),
         ({"inputs": []}, "holds no rows"),
+        ({"inputs": [_row(c4=10**400)]}, "integer too large for float64 at row 0, column 4"),
     ],
 )  # fmt: skip
 def test_mmdtl2_serve_refuses_what_is_not_a_row_of_numbers(mmdtl2_served, payload, message):
@@ -301,3 +302,41 @@ def test_mmdtl2_serve_on_a_port_in_use_names_it_before_downloading(tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and f"cannot serve on 127.0.0.1:{port}" in err and "--port" in err
     assert not (tmp_path / "none.db").exists()
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def test_workers_of_a_killed_server_stop_and_free_its_port(registered, tmp_path):
+    """A real SIGKILL of ``mmdtl2 serve`` (two workers): its workers, orphaned, stop
+    within seconds instead of answering on its port with the model it served, and the
+    port is free for the next server."""
+    _, uri = registered
+    port = _free_port()
+    cmd = [sys.executable, "-m", "mmdtl2_dist.cli", "serve", "--model", "models:/served@champion",
+           "--port", str(port), "--workers", "2"]  # fmt: skip
+    with running(cmd, uri, port, tmp_path / "serve.log") as proc:
+        os.kill(proc.pid, signal.SIGKILL)  # the server alone; its workers live on
+        proc.wait(timeout=10)
+        t0 = time.monotonic()
+        while _answers(port) and time.monotonic() - t0 < 30:
+            time.sleep(0.5)
+        assert not _answers(port), (tmp_path / "serve.log").read_text()[-2000:]
+    with running(cmd, uri, port, tmp_path / "again.log"):
+        assert _answers(port)
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_port_out_of_range_is_a_usage_error(port, capsys):
+    from mmdtl2_dist.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "models:/x@champion", "--port", port])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument -p/--port:" in err and "Traceback" not in err

@@ -35,6 +35,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """A TCP port number (an argparse type: a wrong one is a usage error, exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
+    return port
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve",
@@ -59,7 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = DEFAULTS
     p.add_argument("--model", required=True, help="model URI, e.g. models:/NAME@champion")
     p.add_argument("--host", default=d["host"], help=f"address to bind (default {d['host']})")
-    p.add_argument("-p", "--port", type=int, default=d["port"], help=f"port (default {d['port']})")
+    p.add_argument(
+        "-p", "--port", type=_port, default=d["port"], help=f"port, 0-65535 (default {d['port']})"
+    )
     p.add_argument(
         "--workers",
         type=int,

@@ -33,7 +33,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from io import StringIO
 
@@ -45,7 +48,10 @@ ENV = {
     "max_bytes": "MMDTL2_SERVE_MAX_BYTES",
     "timeout": "MMDTL2_SERVE_TIMEOUT",
     "max_rows": "MMDTL2_SERVE_MAX_ROWS",
+    "server_pid": "MMDTL2_SERVE_PID",
 }
+#: Seconds between a worker's checks that the server that started it still runs.
+ORPHAN_CHECK_S = 1.0
 #: Request keys read by ``POST /invocations``; the value of each holds the rows.
 ROW_KEYS = ("inputs", "instances", "dataframe_split")
 
@@ -227,7 +233,26 @@ def app_from_env():
     from mlflow.pyfunc.scoring_server import init
 
     model = load_model(os.environ[ENV["model_path"]])
+    stop_when_orphaned(int(os.environ.get(ENV["server_pid"], "0")))
     return invocations_app(model, init(model), Limits.from_env())
+
+
+def stop_when_orphaned(server_pid: int) -> None:
+    """Stop this worker of ``server_pid`` (SIGTERM: uvicorn's shutdown) once it is gone.
+
+    A server killed outright (SIGKILL, the OOM killer) cannot stop its workers, which
+    would otherwise go on answering on its port with the model it served. Nothing is
+    watched in the server's own process (one worker: uvicorn serves in-process).
+    """
+    if server_pid <= 0 or server_pid == os.getpid():
+        return
+
+    def watch() -> None:
+        while os.getppid() == server_pid:
+            time.sleep(ORPHAN_CHECK_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="mmdtl2-serve-orphan-watch", daemon=True).start()
 
 
 def check_settings(limits: Limits, workers: int, limit_concurrency: int) -> None:
@@ -317,7 +342,9 @@ def serve(
                 f"{model_uri} --env-manager local`, or register the study without "
                 "--with-extractor for a feature-input adapter."
             )
-        os.environ.update({ENV["model_path"]: path, **limits.to_env()})
+        os.environ.update(
+            {ENV["model_path"]: path, ENV["server_pid"]: str(os.getpid()), **limits.to_env()}
+        )
         uvicorn.run(
             "mmdtl2_dist.deploy.serve_app:app",
             host=host,
