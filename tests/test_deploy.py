@@ -909,3 +909,17 @@ def test_printed_serve_commands_survive_a_space_in_the_path():
         words = shlex.split(serve_command(uri, "models:/m@champion", images))
         assert words[0] == f"MLFLOW_TRACKING_URI={uri}"
         assert "models:/m@champion" in words
+
+
+def test_a_parquet_features_column_of_unequal_lists_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mmdtl2_dist.deploy.io import iter_batches
+
+    path = tmp_path / "rag.parquet"
+    pq.write_table(pa.table({"features": [[1.0, 2.0], [1.0, 2.0], [1.0, 2.0, 3.0]]}), path)
+    with pytest.raises(
+        ValueError, match=r"'features' lists have different lengths \(\[2, 3\]\), first at row 2"
+    ):
+        list(iter_batches(path, 10))

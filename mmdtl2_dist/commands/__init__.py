@@ -49,3 +49,14 @@ def progress_choice(args: argparse.Namespace) -> bool | None:
     if getattr(args, "quiet", False):
         return False
     return args.progress
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (else a usage error naming the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

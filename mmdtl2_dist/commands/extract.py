@@ -102,8 +102,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--resize", type=int, default=256, help="shorter side after resizing (256)")
     p.add_argument("--crop", type=int, default=224, help="centre crop size (224)")
-    p.add_argument("--mean", type=_floats, default=(0.485, 0.456, 0.406), help="R,G,B mean")
-    p.add_argument("--std", type=_floats, default=(0.229, 0.224, 0.225), help="R,G,B std")
+    p.add_argument(
+        "--mean",
+        type=_floats,
+        default=(0.485, 0.456, 0.406),
+        help="R,G,B mean of the input normalisation (default: ImageNet's, 0.485,0.456,0.406)",
+    )
+    p.add_argument(
+        "--std",
+        type=_floats,
+        default=(0.229, 0.224, 0.225),
+        help="R,G,B standard deviation (default: ImageNet's, 0.229,0.224,0.225)",
+    )
     p.add_argument("--space", help="name of the feature space (default: the layer's name)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (32)")
     p.add_argument("--shard-size", type=int, help="images per shard (default: <= 64 MB)")

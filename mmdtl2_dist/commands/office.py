@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mmdtl2_dist.commands import add_quiet_options, progress_choice
+from mmdtl2_dist.commands import add_quiet_options, positive_int, progress_choice
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="subset of columns by label (default: all); see --list",
     )
     p.add_argument("--list", action="store_true", help="list the columns and exit")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: all CPUs)")
+    p.add_argument(
+        "--workers", type=positive_int, default=None, help="worker processes (default: all CPUs)"
+    )
     p.add_argument(
         "--out",
         type=Path,

@@ -88,16 +88,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"groups (patients) per device ({d.n_groups})",
     )
     p.add_argument("--noise", type=float, default=d.noise, help=f"feature noise ({d.noise})")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--source-device", default=d.source_device)
-    p.add_argument("--target-device", default=d.target_device)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed ({d.seed})")
+    p.add_argument(
+        "--source-device", default=d.source_device, help=f"source device name ({d.source_device})"
+    )
+    p.add_argument(
+        "--target-device", default=d.target_device, help=f"target device name ({d.target_device})"
+    )
     p.add_argument("--space", default=d.space, help=f"name of the shared space ({d.space})")
     p.add_argument(
         "--target-space",
         default=d.target_space,
         help=f"name of the target's own space ({d.target_space})",
     )
-    p.add_argument("--chunk-rows", type=int, help="rows per chunk")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--chunk-rows", type=int, help="rows per chunk (default: 256, more until a chunk holds 1 MiB)")
+    p.add_argument("--overwrite", action="store_true", help="replace a feature store it wrote")
     add_quiet_options(p, "progress or summary")
     p.set_defaults(func=run)

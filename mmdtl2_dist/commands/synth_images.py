@@ -57,9 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--size", type=int, default=d.size, help=f"image side in pixels ({d.size})")
     p.add_argument("--blur", type=float, default=d.blur, help=f"target blur radius ({d.blur} px)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--source-device", default=d.source_device)
-    p.add_argument("--target-device", default=d.target_device)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed ({d.seed})")
+    p.add_argument(
+        "--source-device", default=d.source_device, help=f"source device name ({d.source_device})"
+    )
+    p.add_argument(
+        "--target-device", default=d.target_device, help=f"target device name ({d.target_device})"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an image set it wrote")
     add_quiet_options(p, "summary line", progress=False)
     p.set_defaults(func=run)

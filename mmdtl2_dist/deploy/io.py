@@ -2,7 +2,8 @@
 
 Inputs (raw target-device features, one row per sample):
 
-- ``.npy``: a 2-D numeric array (memory-mapped, read in batches; ``allow_pickle=False``);
+- ``.npy``: a 2-D numeric array (a 1-D one is one sample; memory-mapped, read in batches;
+  ``allow_pickle=False``);
 - ``.parquet``: either one list-valued column ``features`` or numeric feature columns;
   the other (non-numeric) columns, e.g. ``sample_id``, are copied to the output;
 - Zarr: a feature store of this project (the rows of one device in one space; the output
@@ -105,6 +106,18 @@ def _check_2d(X, path) -> object:
     return X
 
 
+def _feature_lists(rows: list, path: Path, start: int) -> np.ndarray:
+    """The rows of a list column ``features`` as a float64 array; refuse unequal lengths."""
+    lengths = {len(r) if r is not None else 0 for r in rows}
+    if len(lengths) > 1:
+        first = next(i for i, r in enumerate(rows) if len(r or ()) != len(rows[0] or ()))
+        raise ValueError(
+            f"{path}: the 'features' lists have different lengths ({sorted(lengths)[:5]}), "
+            f"first at row {start + first}; every sample needs the same features."
+        )
+    return np.asarray(rows, dtype=np.float64)
+
+
 def _parquet(path: Path, batch_size: int) -> Iterator[Batch]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -132,7 +145,7 @@ def _parquet(path: Path, batch_size: int) -> Iterator[Batch]:
     start = 0
     for rb in pf.iter_batches(batch_size=batch_size):
         if feature_cols == ["features"]:
-            X = np.asarray(rb.column("features").to_pylist(), dtype=np.float64)
+            X = _feature_lists(rb.column("features").to_pylist(), path, start)
         else:
             X = np.column_stack(
                 [rb.column(c).to_numpy(zero_copy_only=False) for c in feature_cols]
