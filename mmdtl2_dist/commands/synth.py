@@ -101,7 +101,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=d.target_space,
         help=f"name of the target's own space ({d.target_space})",
     )
-    p.add_argument("--chunk-rows", type=int, help="rows per chunk (default: 256, more until a chunk holds 1 MiB)")
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        help="rows per chunk (default: 256, more until a chunk holds 1 MiB)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a feature store it wrote")
     add_quiet_options(p, "progress or summary")
     p.set_defaults(func=run)
