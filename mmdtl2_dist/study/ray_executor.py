@@ -14,6 +14,7 @@ trials run at once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -87,12 +88,26 @@ def _trainable(spec: StudySpec):
     return tune.with_resources(tune_trainable, tune.PlacementGroupFactory(bundles))
 
 
+class _QuietAfterStop(logging.Filter):
+    """Drop Tune's "Failed to fetch metrics" list once a signal stopped the trials.
+
+    The trials it names are those stopped before their first result, run again on resume.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return STOP["signum"] is None or not record.getMessage().startswith("Failed to fetch")
+
+
 def _fit(tuner, sink, out: Path) -> None:
     STOP["in_trials"] = True
+    quiet = _QuietAfterStop()
+    analysis = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    analysis.addFilter(quiet)
     try:
         grid = tuner.fit()
     finally:
         STOP["in_trials"] = False
+        analysis.removeFilter(quiet)
     for r in grid:  # results the callback missed (e.g. the driver died right after)
         if r.metrics and "payload" in r.metrics:
             sink(json.loads(r.metrics["payload"]))
