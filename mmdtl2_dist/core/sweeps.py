@@ -41,13 +41,18 @@ def coordinate_step(gi, xi, lo, hi, hii):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
+def _sweeps(H, A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
     """Randomised cyclic coordinate descent on ``½xᵀHx − fᵀx`` in place.
 
-    ``g`` must hold ``Hx − f`` on entry and is kept exact. Stops after the first sweep
-    whose largest projected gradient is ``<= tol``. Returns ``(sweeps, largest |pg|)``.
+    ``H`` is the stored Hessian or, when it has no rows, ``diag(s) (A ⊗ B) diag(s)``
+    (``A``, ``B`` symmetric), whose row ``i = k M + m`` is made from row ``k`` of ``A``
+    and row ``m`` of ``B`` as it is used. ``g`` must hold ``Hx − f`` on entry and is kept
+    exact. Stops after the first sweep whose largest projected gradient is ``<= tol``.
+    Returns ``(sweeps, largest |pg|)``.
     """
     n = x.shape[0]
+    built = H.shape[0] > 0
+    K, M = A.shape[0], max(B.shape[0], 1)
     # numba's own generator (separate from NumPy's global state); Generator objects are
     # not supported inside compiled code.
     np.random.seed(seed)  # noqa: NPY002
@@ -60,63 +65,48 @@ def dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - 
         viol = 0.0
         for t in range(n):
             i = perm[t]
+            k, m = i // M, i % M
             xi = x[i]
-            a, nx = coordinate_step(g[i], xi, lb[i], ub[i], H[i, i])
+            hii = H[i, i] if built else A[k, k] * B[m, m] * (s[i] * s[i])
+            a, nx = coordinate_step(g[i], xi, lb[i], ub[i], hii)
             if a == 0.0:
                 continue
             if a > viol:
                 viol = a
             d = nx - xi
-            if d != 0.0 and np.isfinite(nx):
-                x[i] = nx
+            if d == 0.0 or not np.isfinite(nx):
+                continue
+            x[i] = nx
+            if built:
                 row = H[i]
                 for j in range(n):
                     g[j] += d * row[j]
-        if viol <= tol:
-            break
-    return ep, viol
-
-
-@njit(cache=True, nogil=True)
-def kron_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
-    """:func:`dense_sweeps` on ``diag(s) (A ⊗ B) diag(s)``, never built.
-
-    ``A``, ``B`` symmetric. The same randomised steps in the same order for the same seed
-    as on the stored Hessian (the gradient's updates round differently); each row is
-    made from row ``k`` of ``A`` and row ``m`` of ``B`` as it is used. Returns
-    ``(sweeps, largest |pg|)``.
-    """
-    K, M = A.shape[0], B.shape[0]
-    n = x.shape[0]
-    np.random.seed(seed)  # noqa: NPY002
-    perm = np.arange(n)
-    viol = np.inf
-    ep = 0
-    while ep < max_epochs:
-        ep += 1
-        np.random.shuffle(perm)  # noqa: NPY002
-        viol = 0.0
-        for t in range(n):
-            i = perm[t]
-            k, m = i // M, i % M
-            xi, si = x[i], s[i]
-            a, nx = coordinate_step(g[i], xi, lb[i], ub[i], A[k, k] * B[m, m] * (si * si))
-            if a == 0.0:
                 continue
-            if a > viol:
-                viol = a
-            d = nx - xi
-            if d != 0.0 and np.isfinite(nx):
-                x[i] = nx
-                ds = d * si
-                Bm = B[m]
-                for l in range(K):
-                    c = ds * A[k, l]
-                    if c == 0.0:
-                        continue
-                    j0 = l * M
-                    for q in range(M):
-                        g[j0 + q] += c * (Bm[q] * s[j0 + q])
+            ds, Bm = d * s[i], B[m]
+            for l in range(K):
+                c = ds * A[k, l]
+                if c == 0.0:
+                    continue
+                j0 = l * M
+                for q in range(M):
+                    g[j0 + q] += c * (Bm[q] * s[j0 + q])
         if viol <= tol:
             break
     return ep, viol
+
+
+_NONE = np.zeros((0, 0))
+
+
+def dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):
+    """The sweeps on a stored Hessian ``H`` (C-contiguous float64)."""
+    return _sweeps(H, _NONE, _NONE, np.zeros(0), g, x, lb, ub, tol, max_epochs, seed)
+
+
+def kron_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):
+    """The sweeps on ``diag(s) (A ⊗ B) diag(s)``, never built (``A``, ``B`` symmetric).
+
+    The same randomised steps in the same order for the same seed as on the stored
+    Hessian (the gradient's updates round differently).
+    """
+    return _sweeps(_NONE, A, B, s, g, x, lb, ub, tol, max_epochs, seed)
