@@ -25,6 +25,15 @@ class TargetSVM(_LinearSVMBase):
         Per-device preprocessing.
     qp_solver, qp_tol : str, float
         Box-QP solver and KKT tolerance of the dual.
+
+    Attributes
+    ----------
+    coef_ : ndarray (K, L)
+        Hyperplanes; ``intercept_`` (K,) their biases.
+    target_preprocessing_ : PreprocessStats or None
+        The target device's statistics, over its labelled and unlabelled samples.
+    n_unlabelled_target_ : int
+        Unlabelled target samples given to ``fit`` (their statistics only).
     """
 
     _needs_source = False
@@ -64,7 +73,8 @@ class SourceSVM(_LinearSVMBase):
     """The paper's "source SVM": a linear SVM on source and labelled target samples together.
 
     Both devices must share one feature space. With no labelled target sample it is the
-    source-only SVM. Parameters as :class:`TargetSVM`, plus ``c_s`` (source hinge weight).
+    source-only SVM. Parameters and attributes as :class:`TargetSVM`, plus ``c_s`` (source
+    hinge weight) and ``source_preprocessing_`` (the source device's statistics).
     """
 
     _needs_target = False
