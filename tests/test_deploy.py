@@ -93,19 +93,16 @@ def make_store(path: Path, n=(60, 45), seed=0, unlabelled=0) -> Path:
     return path
 
 
-def record_study(
-    folder: Path, tracking_uri: str | None = None, unlabelled: int = 0, run_uri: str | None = None
-) -> Path:
+def record_study(folder: Path, tracking_uri: str | None = None, unlabelled: int = 0) -> Path:
     """A study folder as `mmdtl2 study run` leaves it, with the ACCURACY results (logged
-    to ``tracking_uri`` when given, else to the study's own SQLite store; ``run_uri``: the
-    run's ``--tracking-uri``, recorded in its state file)."""
+    to ``tracking_uri`` when given, else to the study's own SQLite store)."""
     folder.mkdir(parents=True, exist_ok=True)
     store = make_store(folder / "store.zarr", unlabelled=unlabelled)
     tracking = f'[tracking]\nuri = "{tracking_uri}"\n' if tracking_uri else ""
     (folder / "spec.toml").write_text(SPEC + tracking)
     spec = load_spec(folder / "spec.toml", output=folder / "out")
     spec.output.mkdir()
-    _write_state(spec, {"tracking_uri": tracker_config(spec, run_uri)["tracking_uri"]})
+    _write_state(spec, {})
     tracker = StudyTracker(**tracker_config(spec, None))
     tags = {"data_fingerprint": FeatureStore.open(store).fingerprint, "study": spec.name}
     for t in spec.trials():
@@ -351,16 +348,29 @@ def test_register_errors_name_the_fix(study, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_register_uses_the_store_the_study_logged_to(tmp_path, monkeypatch, capsys):
-    """A study run with --tracking-uri records it; `register` (and every later command)
-    uses that store without being told, and MLFLOW_TRACKING_URI, which `study run` does
-    not read either, does not divert it."""
+def test_register_uses_the_study_store_whatever_the_environment_says(tmp_path, monkeypatch, capsys):
+    """`study run` does not read MLFLOW_TRACKING_URI, and neither does `register`: the
+    study's own store is found as the study found it, whatever the environment says."""
     elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
-    out = record_study(tmp_path / "s", run_uri=f"sqlite:///{tmp_path / 'team.db'}")
+    out = record_study(tmp_path / "s")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", elsewhere)
     assert main(["register", str(out), "--name", "m", "--metric", "accuracy", "--quiet"]) == 0
-    assert f"tracking: sqlite:///{tmp_path / 'team.db'}" in capsys.readouterr().out
+    assert f"tracking: {uri_of(out)}" in capsys.readouterr().out
     assert not (tmp_path / "elsewhere.db").exists()
+
+
+def test_register_creates_no_mlruns_where_it_runs(tmp_path, monkeypatch):
+    """An explicit configuration registered where the study's experiment does not exist yet:
+    the experiment is created with the study's artifact folder, not ./mlruns of the
+    current folder."""
+    out = record_study(tmp_path / "s", tracking_uri=f"sqlite:///{tmp_path / 'team.db'}")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    other = f"sqlite:///{tmp_path / 'new.db'}"
+    args = ["register", str(out), "--name", "m", "--method", "mmdtl2", "--param", "c_d=0.3", "-q"]
+    assert main([*args, "--tracking-uri", other]) == 0
+    assert list(cwd.iterdir()) == []
 
 
 def test_register_not_a_study(tmp_path, capsys):

@@ -432,12 +432,13 @@ def test_a_study_stopped_while_building_its_data_runs_again_in_the_same_folder(t
     cmd = ["study", "run", str(spec), "--output", str(out), "--executor", "local", "-q"]
     assert main(cmd) == 0, capsys.readouterr().err
     assert (out / "study.json").is_file() and (out / "data" / "synthetic.zarr").is_dir()
-    for where in (out, out / "data"):
-        other = tmp_path / f"other_{where.name}"
+    for inside in ("data", ".", "data/.hoffman_splits.json.swp"):
+        other = tmp_path / f"other{len(inside)}"
         shutil.copytree(out / "data", other / "data")
         shutil.rmtree(other / "data" / "synthetic.zarr")
-        (other / ("data" if where is out / "data" else ".") / "notes.txt").write_text("mine")
+        mine = other / inside if inside.endswith(".swp") else other / inside / "notes.txt"
+        mine.write_text("mine")
         cmd[4] = str(other)
         assert main(cmd) == 2
         assert "not a study folder written by this system" in capsys.readouterr().err
-        assert (other / ("data" if where is out / "data" else ".") / "notes.txt").exists()
+        assert mine.read_text() == "mine"

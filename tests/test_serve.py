@@ -113,12 +113,19 @@ def running(cmd: list[str], uri: str, port: int, log: Path):
         _wait_ping(port, proc, log)
         yield proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the group of the process started here
+        _signal_group(proc.pid, signal.SIGTERM)  # the group of the process started here
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _signal_group(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # every process of the group has exited
+        pass
 
 
 @pytest.fixture()
@@ -326,7 +333,13 @@ def test_workers_of_a_killed_server_stop_and_free_its_port(registered, tmp_path)
         t0 = time.monotonic()
         while _answers(port) and time.monotonic() - t0 < 30:
             time.sleep(0.5)
-        assert not _answers(port), (tmp_path / "serve.log").read_text()[-2000:]
+        log = (tmp_path / "serve.log").read_text()
+        assert not _answers(port), log[-2000:]
+        deadline = time.monotonic() + 10
+        while log.count("is gone.") < 2 and time.monotonic() < deadline:  # each worker says so
+            time.sleep(0.2)
+            log = (tmp_path / "serve.log").read_text()
+        assert log.count("stops: its server (process") == 2, log[-2000:]
     with running(cmd, uri, port, tmp_path / "again.log"):
         assert _answers(port)
 

@@ -247,5 +247,9 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
         "features (from `mmdtl2 extract`; WEIGHTS: the same imagenet / PATH / random:SEED, "
         "checked by SHA-256) before the adapter",
     )
-    add_tracking_uri_option(p, "the store the study logged to (recorded in its study.json)")
+    add_tracking_uri_option(
+        p,
+        "the study's: the spec's, else sqlite:///<study>/mlflow.db; give the one "
+        "`study run` was given, if any",
+    )
     add_quiet_options(p, "progress lines")

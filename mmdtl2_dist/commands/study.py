@@ -74,9 +74,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="CPUs of the local Ray, or worker processes of the local executor (default: all)",
     )
-    add_tracking_uri_option(
-        p, "the store the study began with, else the spec's, else sqlite:///<output>/mlflow.db"
-    )
+    add_tracking_uri_option(p, "the spec's, else sqlite:///<output>/mlflow.db")
     add_quiet_options(p, "progress lines")
 
 

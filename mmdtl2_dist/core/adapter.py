@@ -31,6 +31,7 @@ from mmdtl2_dist.core.kernels import KernelSpec
 from mmdtl2_dist.core.preprocessing import PreprocessStats
 from mmdtl2_dist.core.threads import one_thread
 
+_FLOAT_MAX = float(np.finfo(np.float64).max)  # a Python float: compared exactly with ints
 #: The fix named when an integer does not fit in float64.
 TOO_LARGE = "send values whose magnitude is below 1.8e308."
 
@@ -134,10 +135,10 @@ def as_numeric_array(X, name: str = "X") -> np.ndarray:
         try:
             return X.astype(np.float64)
         except OverflowError:  # a Python int beyond float64's range
-            big = next(i for i, v in enumerate(X.flat) if type(v) is int and abs(v) > 1e308)
-            where = _where(np.unravel_index(big, X.shape))
+            big = [i for i, v in enumerate(X.flat) if type(v) is int and abs(v) > _FLOAT_MAX]
+            where = f" at {_where(np.unravel_index(big[0], X.shape))}" if big else ""
             raise ValueError(
-                f"{name} holds an integer too large for float64 at {where}; {TOO_LARGE}"
+                f"{name} holds an integer too large for float64{where}; {TOO_LARGE}"
             ) from None
     what = {"b": "booleans", "U": "strings", "S": "bytes", "c": "complex numbers"}
     raise ValueError(

@@ -108,9 +108,12 @@ def _check_2d(X, path) -> object:
 
 def _feature_lists(rows: list, path: Path, start: int) -> np.ndarray:
     """The rows of a list column ``features`` as a float64 array; refuse unequal lengths."""
-    lengths = {len(r) if r is not None else 0 for r in rows}
+    missing = next((i for i, r in enumerate(rows) if r is None), None)
+    if missing is not None:
+        raise ValueError(f"{path}: row {start + missing} has no 'features' (null).")
+    lengths = {len(r) for r in rows}
     if len(lengths) > 1:
-        first = next(i for i, r in enumerate(rows) if len(r or ()) != len(rows[0] or ()))
+        first = next(i for i, r in enumerate(rows) if len(r) != len(rows[0]))
         raise ValueError(
             f"{path}: the 'features' lists have different lengths ({sorted(lengths)[:5]}), "
             f"first at row {start + first}; every sample needs the same features."

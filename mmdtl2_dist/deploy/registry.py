@@ -325,7 +325,7 @@ def register_adapter(
         raise ValueError("'latest' is reserved by MLflow; choose another alias, e.g. champion.")
     client = MlflowClient(tracking_uri=handle.tracking_uri, registry_uri=handle.tracking_uri)
     exp = client.get_experiment_by_name(handle.experiment)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(handle.experiment)
+    exp_id = exp.experiment_id if exp is not None else _create_experiment(client, handle)
     tags = version_tags(handle, cfg, fitted)
     if extractor is not None:
         tags["input"] = "images"
@@ -334,6 +334,18 @@ def register_adapter(
         return _log_and_register(
             handle, cfg, fitted, client, exp_id, tags, W, name, alias, await_s, extractor
         )
+
+
+def _create_experiment(client, handle) -> str:
+    """The study's experiment in its store, with the study's artifact folder.
+
+    Without an artifact location MLflow would put the model's files in ``./mlruns`` of
+    whatever folder ``register`` runs in.
+    """
+    from mmdtl2_dist.study.runner import tracker_config
+
+    art = tracker_config(handle.spec, handle.tracking_uri)["artifact_location"]
+    return client.create_experiment(handle.experiment, artifact_location=art)
 
 
 def _log_and_register(

@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -233,7 +234,7 @@ def app_from_env():
     from mlflow.pyfunc.scoring_server import init
 
     model = load_model(os.environ[ENV["model_path"]])
-    stop_when_orphaned(int(os.environ.get(ENV["server_pid"], "0")))
+    stop_when_orphaned(int(os.environ.pop(ENV["server_pid"], "0")))  # not for our children
     return invocations_app(model, init(model), Limits.from_env())
 
 
@@ -244,12 +245,17 @@ def stop_when_orphaned(server_pid: int) -> None:
     would otherwise go on answering on its port with the model it served. Nothing is
     watched in the server's own process (one worker: uvicorn serves in-process).
     """
-    if server_pid <= 0 or server_pid == os.getpid():
-        return
+    if server_pid <= 0 or server_pid == os.getpid() or os.getppid() != server_pid:
+        return  # the server's own process, or not a worker it started
 
     def watch() -> None:
         while os.getppid() == server_pid:
             time.sleep(ORPHAN_CHECK_S)
+        print(
+            f"mmdtl2 serve: worker {os.getpid()} stops: its server (process {server_pid}) is gone.",
+            file=sys.stderr,
+            flush=True,
+        )
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="mmdtl2-serve-orphan-watch", daemon=True).start()

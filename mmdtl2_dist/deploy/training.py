@@ -84,8 +84,8 @@ class ChosenConfig:
 def open_study(folder: str | Path, tracking_uri: str | None = None) -> StudyHandle:
     """Open a study folder written by ``mmdtl2 study run``.
 
-    The tracking URI is ``tracking_uri``, else the store the study logged to
-    (:func:`~mmdtl2_dist.study.runner.tracker_config`).
+    The tracking URI is ``tracking_uri``, else the study's own
+    (:func:`~mmdtl2_dist.study.runner.tracker_config`), as ``study run`` chose it.
     """
     from mmdtl2_dist.study.runner import load_state_spec, prepare_data, tracker_config
 
@@ -148,7 +148,8 @@ def _trial_runs(handle: StudyHandle) -> list:
     if exp is None:
         raise ValueError(
             f"no MLflow experiment {handle.experiment!r} at {handle.tracking_uri}; run the "
-            "study first, or pass --tracking-uri where its runs are."
+            "study first, or, if `study run` was given --tracking-uri, pass the same one "
+            "(MLFLOW_TRACKING_URI is not read for a study)."
         )
     runs = client.search_runs(
         [exp.experiment_id],

@@ -251,7 +251,7 @@ def _warn_if_unlabelled_classes(owner: str, ys, yt) -> None:
             "classes may never be predicted as them. Label at least one target sample of "
             "each class, or compare with SourceSVM.",
             UserWarning,
-            stacklevel=4,
+            stacklevel=5,  # the caller of fit_domains
         )
 
 

@@ -189,7 +189,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
                 "select='auto' chooses the prior itself and does not use W0; drop W0, or "
                 "fit the map W0 with select=None and prior='matrix'."
             )
-        defaults = default_params("mmdtl2")  # a rule key left at its default is not a choice
+        # A rule key at its default cannot be told from one left unset: only changed ones
+        # are refused.
+        defaults = default_params("mmdtl2")
         check_auto_request("mmdtl2", {k: base[k] for k in RULE_KEYS if base[k] != defaults[k]})
         keys = set(defaults) - set(RULE_KEYS)
         choice, W0, added = select_auto_features(Xs, ys, Xt, yt, Xu, {k: base[k] for k in keys})

@@ -10,6 +10,7 @@ spaces, class sets, splits that can hold the requested labelled samples and a te
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +54,20 @@ def holds_only_built_data(output: Path) -> bool:
     What a run stopped while it built its data leaves (its writes in flight included:
     hidden siblings ``.<name>.tmp-…``), before the study's state file exists.
     """
-    entries = list(output.iterdir()) if output.is_dir() else []
-    if [e.name for e in entries] != ["data"] or not entries[0].is_dir():
+    entries = list(output.iterdir()) if output.is_dir() and not output.is_symlink() else []
+    data = entries[0] if len(entries) == 1 else None
+    if data is None or data.name != "data" or data.is_symlink() or not data.is_dir():
         return False
-    return all(
-        e.name in BUILT_DATA or any(e.name.startswith(f".{name}.") for name in BUILT_DATA)
-        for e in entries[0].iterdir()
-    )
+    return all(e.name in BUILT_DATA or _is_write_in_flight(e.name) for e in data.iterdir())
+
+
+def _is_write_in_flight(name: str) -> bool:
+    """A temporary of an atomic write or a staged store of :data:`BUILT_DATA`."""
+    from mmdtl2_dist.store.atomic import TEMPORARY_NAME
+
+    staged = re.fullmatch(r"\.(?P<name>.+)\.(tmp|old)-.+-\d+-[0-9a-f]{8}", name)
+    m = TEMPORARY_NAME.fullmatch(name) or staged
+    return m is not None and m["name"] in BUILT_DATA
 
 
 def _data_folder(data_dir: Path, output: Path) -> None:

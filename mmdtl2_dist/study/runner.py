@@ -78,15 +78,14 @@ def tracker_config(
 ) -> dict:
     """Arguments of the study's :class:`StudyTracker` (plain values).
 
-    The tracking URI is ``uri`` (``--tracking-uri``), else the one the study logged to
-    (recorded in its state file when it began), else the spec's ``[tracking] uri``, else
-    ``sqlite:///<output>/mlflow.db``: a study is run, resumed, reported and registered
-    from one store.
+    The tracking URI is ``uri`` (``--tracking-uri``), else the spec's ``[tracking] uri``,
+    else ``sqlite:///<output>/mlflow.db`` (worked out from the folder where it is now).
+    The environment's ``MLFLOW_TRACKING_URI`` is not read: a study is run, resumed,
+    reported and registered from one store without it.
     """
     from mmdtl2_dist.study.tracking import default_tracking_uri
 
-    uri = uri or _recorded_tracking_uri(spec) or spec.tracking_uri
-    uri = uri or default_tracking_uri(spec.output)
+    uri = uri or spec.tracking_uri or default_tracking_uri(spec.output)
     art = None
     if uri.startswith("sqlite:") or uri.startswith("file:"):
         art = (spec.output / "mlartifacts").resolve().as_uri()
@@ -104,11 +103,6 @@ def _tracker(spec: StudySpec, uri: str | None):
     from mmdtl2_dist.study.tracking import StudyTracker
 
     return StudyTracker(**tracker_config(spec, uri))
-
-
-def _recorded_tracking_uri(spec: StudySpec) -> str | None:
-    path = spec.output / STATE_FILE
-    return json.loads(path.read_text()).get("tracking_uri") if path.is_file() else None
 
 
 def _write_state(spec: StudySpec, extra: dict) -> None:
@@ -243,7 +237,7 @@ def _run_study(
     make_output_folder(spec.output, spec.output)
     for folder in (spec.output, spec.output / "results", spec.output / "data"):
         remove_temporaries(folder)  # writes a killed run stopped before their rename
-    _write_state(spec, {"tracking_uri": tracker_config(spec, tracking_uri)["tracking_uri"]})
+    _write_state(spec, {})
     executor.start()
     reclaim_signals()
     stages["executor_start_s"] = time.perf_counter() - t_start - stages["data_check_s"]
