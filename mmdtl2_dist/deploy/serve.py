@@ -36,8 +36,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from io import StringIO
 
@@ -51,8 +49,6 @@ ENV = {
     "max_rows": "MMDTL2_SERVE_MAX_ROWS",
     "server_pid": "MMDTL2_SERVE_PID",
 }
-#: Seconds between a worker's checks that the server that started it still runs.
-ORPHAN_CHECK_S = 1.0
 #: Request keys read by ``POST /invocations``; the value of each holds the rows.
 ROW_KEYS = ("inputs", "instances", "dataframe_split")
 
@@ -245,12 +241,12 @@ def stop_when_orphaned(server_pid: int) -> None:
     would otherwise go on answering on its port with the model it served. Nothing is
     watched in the server's own process (one worker: uvicorn serves in-process).
     """
+    from mmdtl2_dist.lifecycle import when_parent_is_gone
+
     if server_pid <= 0 or server_pid == os.getpid() or os.getppid() != server_pid:
         return  # the server's own process, or not a worker it started
 
-    def watch() -> None:
-        while os.getppid() == server_pid:
-            time.sleep(ORPHAN_CHECK_S)
+    def stop() -> None:
         print(
             f"mmdtl2 serve: worker {os.getpid()} stops: its server (process {server_pid}) is gone.",
             file=sys.stderr,
@@ -258,7 +254,7 @@ def stop_when_orphaned(server_pid: int) -> None:
         )
         os.kill(os.getpid(), signal.SIGTERM)
 
-    threading.Thread(target=watch, name="mmdtl2-serve-orphan-watch", daemon=True).start()
+    when_parent_is_gone(server_pid, stop, "mmdtl2-serve-orphan-watch")
 
 
 def check_settings(limits: Limits, workers: int, limit_concurrency: int) -> None:

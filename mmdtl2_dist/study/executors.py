@@ -31,7 +31,6 @@ import multiprocessing
 import os
 import shlex
 import signal
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -242,15 +241,11 @@ def _init_worker(driver: int) -> None:
     import numpy  # noqa: F401 - loads the BLAS, which threadpool_limits only limits if loaded
     from threadpoolctl import threadpool_limits
 
+    from mmdtl2_dist.lifecycle import when_parent_is_gone
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threadpool_limits(1)
-    threading.Thread(target=_exit_with_driver, args=(driver,), daemon=True).start()
-
-
-def _exit_with_driver(driver: int) -> None:
-    while os.getppid() == driver:
-        time.sleep(1.0)
-    os._exit(1)
+    when_parent_is_gone(driver, lambda: os._exit(1), "mmdtl2-worker-driver-watch")
 
 
 def _unit_task(plan_path: str, trial: dict, unit: tuple[int, int]) -> tuple:
