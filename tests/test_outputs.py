@@ -442,3 +442,59 @@ def test_a_study_stopped_while_building_its_data_runs_again_in_the_same_folder(t
         assert main(cmd) == 2
         assert "not a study folder written by this system" in capsys.readouterr().err
         assert mine.read_text() == "mine"
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_second_run_of_a_study_is_refused_while_another_process_holds_its_folder(
+    tmp_path, capsys
+):
+    """Two runs of one study would interleave their writes (its data, plan and results):
+    while a real process holds the study's lock, ``study run`` exits 2 naming the lock and
+    changes nothing; once that process is SIGKILLed, the kernel releases the lock and the
+    same command runs (a folder holding only the lock is the study's)."""
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(SMALL_SYNTHETIC_STUDY)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out / ".study.lock")], stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cmd = ["study", "run", str(spec), "--output", str(out), "--executor", "local", "-q"]
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert "another run of this study is writing" in err and ".study.lock" in err
+        assert [p.name for p in out.iterdir()] == [".study.lock"]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert main(cmd) == 0, capsys.readouterr().err
+    assert (out / "study.json").is_file()
+
+
+def test_a_study_refused_by_its_data_leaves_no_folder_behind(tmp_path, capsys):
+    """The study's lock is taken in its folder before the spec is checked against the
+    data; a run refused there removes the folder (and the parents) it created for it."""
+    store = tmp_path / "s.zarr"
+    assert main(["synth", str(store), *SYNTH]) == 0
+    spec = tmp_path / "bad.toml"
+    spec.write_text(
+        f'[study]\nname = "bad"\n[data]\nstore = "{store}"\nspace = "conv3"\n'
+        'pairs = [["source", "target"]]\n[splits]\nprotocol = "half"\nn_splits = 1\n'
+        'samples_per_class = [500]\n[[methods]]\nmethod = "target_svm"\n'
+    )
+    out = tmp_path / "new" / "out"
+    cmd = ["study", "run", str(spec), "--output", str(out), "--executor", "local", "-q"]
+    assert main(cmd) == 2
+    assert "500" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -24,22 +24,17 @@ releases its lock with it.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.feature_store import FeatureStore
+from mmdtl2_dist.store.locks import open_lock_file, take_lock
 from mmdtl2_dist.store.outputs import NO_ROOM, OutputPathError
 
 GRAM_DIR_SUFFIX = ".grams"
-#: Errors of a file system that offers no advisory locks (some NFS set-ups, FUSE mounts).
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 def gram_key(
@@ -91,47 +86,27 @@ def make_gram_dir(folder: Path) -> None:
 def gram_lock(out: Path, progress: bool | None = None) -> Iterator[None]:
     """Hold the advisory lock of the Gram at ``out``, waiting while another process has it.
 
-    ``progress`` (:func:`mmdtl2_dist.progress.say`) governs the lines about waiting.
-
-    The lock file ``.<name>.lock`` beside ``out`` stays in place (removing it would let a
-    third process lock a file that a waiting one no longer sees). On a file system
-    without advisory locks the computation goes ahead unguarded, with a warning.
+    ``progress`` (:func:`mmdtl2_dist.progress.say`) governs the lines about waiting. The
+    lock file is ``.<name>.lock`` beside ``out`` (:mod:`mmdtl2_dist.store.locks`).
     """
     path = out.with_name(f".{out.name}.lock")
+    fd = open_lock_file(
+        path,
+        "computing a Gram needs a writable folder for it: choose another one (`mmdtl2 gram "
+        '--gram-dir DIR` or `--out DIR`, or `gram_dir = "DIR"` in a study spec\'s [data]).',
+    )
+
+    def waiting(seconds: float | None) -> None:
+        if seconds is None:
+            say(
+                progress,
+                f"gram: another process is computing {out} (it holds {path}); waiting for it",
+            )
+        else:
+            say(progress, f"gram: the other process let go of {out} after {seconds:.0f} s")
+
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        if exc.errno in NO_ROOM:
-            raise
-        raise OutputPathError(
-            f"cannot create the lock file {path} ({exc.strerror}); computing a Gram needs "
-            f"a writable folder for it: choose another one (`mmdtl2 gram --gram-dir DIR` "
-            'or `--out DIR`, or `gram_dir = "DIR"` in a study spec\'s [data]).',
-        ) from exc
-    try:
-        _acquire(fd, path, out, progress)
+        take_lock(fd, path, f"the Gram {out.name}", waiting=waiting)
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def _acquire(fd: int, path: Path, out: Path, progress: bool | None) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
-    except OSError as exc:
-        if exc.errno not in _NO_LOCKS:
-            raise
-        print(
-            f"gram: warning: {path.parent} offers no file locks ({exc.strerror}); two "
-            f"processes computing {out.name} at once would not wait for each other.",
-            file=sys.stderr,
-            flush=True,
-        )
-        return
-    say(progress, f"gram: another process is computing {out} (it holds {path}); waiting for it")
-    t0 = time.monotonic()
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    say(progress, f"gram: the other process let go of {out} after {time.monotonic() - t0:.0f} s")

@@ -39,7 +39,6 @@ file ``skipped_images.csv`` (path, device, reason) and counted in its provenance
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -57,6 +56,7 @@ from mmdtl2_dist.extract.store_fill import StoreAfter, StoreJob, StreamedStore
 from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.layout import check_name
+from mmdtl2_dist.store.locks import open_lock_file, take_lock
 from mmdtl2_dist.store.outputs import FEATURE_STORE, OutputKind, claim_output, make_output_folder
 
 JOB_FORMAT = "mmdtl2-extract/1"
@@ -186,15 +186,18 @@ def _resume_or_start(work: Path, job: dict, table: ImageTable, restart: bool) ->
 
 
 def _lock(work: Path) -> int:
-    fd = os.open(work / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    """Lock the work folder for this run (:mod:`mmdtl2_dist.store.locks`); its descriptor."""
+    path = work / LOCK_FILE
+    fd = open_lock_file(path, "choose another output path, in a folder you can write.")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        take_lock(
+            fd, path, "one store",
+            busy=f"another `mmdtl2 extract` is writing this store (it holds {path}); wait for "
+            "it to finish, or choose another output path.",
+        )  # fmt: skip
+    except BaseException:
         os.close(fd)
-        raise ValueError(
-            f"another `mmdtl2 extract` is writing this store (it holds {work / LOCK_FILE}); "
-            "wait for it to finish, or choose another output path."
-        ) from None
+        raise
     return fd
 
 

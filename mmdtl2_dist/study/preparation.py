@@ -46,17 +46,28 @@ from mmdtl2_dist.study.splits import (
 
 #: What a study builds in ``<output>/data`` (bundled and synthetic data).
 BUILT_DATA = ("office_caltech10.zarr", "hoffman_splits.json", "synthetic.zarr")
+#: The lock a running study holds in its folder (:mod:`mmdtl2_dist.store.locks`).
+STUDY_LOCK = ".study.lock"
 
 
 def holds_only_built_data(output: Path) -> bool:
-    """Whether ``output`` holds a ``data`` folder of what a study builds, and nothing else.
+    """Whether ``output`` holds only what a study writes before its state file.
 
-    What a run stopped while it built its data leaves (its writes in flight included:
-    hidden siblings ``.<name>.tmp-…``), before the study's state file exists.
+    The study's lock file, and a ``data`` folder of what a study builds (its writes in
+    flight included: hidden siblings ``.<name>.tmp-…``): what a run stopped while it
+    built its data leaves. Never through a link.
     """
-    entries = list(output.iterdir()) if output.is_dir() and not output.is_symlink() else []
-    data = entries[0] if len(entries) == 1 else None
-    if data is None or data.name != "data" or data.is_symlink() or not data.is_dir():
+    if not output.is_dir() or output.is_symlink():
+        return False
+    entries = {e.name: e for e in output.iterdir()}
+    lock, data = entries.pop(STUDY_LOCK, None), entries.pop("data", None)
+    if entries or (lock is None and data is None):
+        return False
+    if lock is not None and (lock.is_symlink() or not lock.is_file()):
+        return False
+    if data is None:
+        return True
+    if data.is_symlink() or not data.is_dir():
         return False
     return all(e.name in BUILT_DATA or _is_write_in_flight(e.name) for e in data.iterdir())
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.atomic import remove_temporaries, write_json_atomic
+from mmdtl2_dist.store.locks import locked_folder
 from mmdtl2_dist.store.outputs import OutputKind, claim_output, make_output_folder
 from mmdtl2_dist.study.executors import (
     Executor,
@@ -53,6 +54,7 @@ from mmdtl2_dist.study.plan import (
     StudyPlan,
 )
 from mmdtl2_dist.study.preparation import (
+    STUDY_LOCK,
     check_data,
     compute_grams,
     gram_provenance,
@@ -192,7 +194,8 @@ def run_study(
     runner = make_executor(
         executor or default_executor(address), address=address, num_cpus=num_cpus
     )
-    with stop_on_signals(spec):
+    claim_output(spec.output, STUDY_OUTPUT, overwrite=None)  # ours to continue, or free
+    with stop_on_signals(spec), locked_folder(spec.output, STUDY_LOCK, "one study", _busy(spec)):
         return _run_study(
             spec,
             runner,
@@ -203,11 +206,19 @@ def run_study(
         )
 
 
+def _busy(spec: StudySpec) -> str:
+    """Why a second run of a study is refused while the first writes its folder."""
+    return (
+        f"another run of this study is writing {spec.output} (it holds "
+        f"{spec.output / STUDY_LOCK}); wait for it to finish, or stop it (Ctrl-C) and run "
+        "this command again to resume."
+    )
+
+
 def _checked_data(spec: StudySpec, progress: bool | None) -> tuple[Path, Path | None]:
-    """Claim the study folder and check the spec against its data (seconds, no compute)."""
+    """Check the study folder's state and the spec against its data (seconds, no compute)."""
     out = spec.output
     state_path = out / STATE_FILE
-    claim_output(out, STUDY_OUTPUT, overwrite=None)  # continue our own study, touch nothing else
     if state_path.exists():
         old = json.loads(state_path.read_text())
         if old.get("spec_fingerprint") != spec.fingerprint():
