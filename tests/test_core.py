@@ -335,9 +335,9 @@ def test_linear_svm_route_solves_the_same_svm(monkeypatch, n, L, primal):
     Theta, b = linear_svm(X, y, K, cost)
     assert bool(calls) == primal
     if not primal and L + 1 < n:  # where the dual's n x n arrays do not fit: the primal
-        import mmdtl2_dist.core.wstep as ws
+        import mmdtl2_dist.core.memory as memory
 
-        monkeypatch.setattr(ws, "available_bytes", lambda: 16 * n * n - 1)
+        monkeypatch.setattr(memory, "available_bytes", lambda: 16 * n * n - 1)
         assert np.allclose(linear_svm(X, y, K, cost)[0], Theta_ref, atol=1e-6 * scale)
         assert len(calls) == 1
     assert np.max(np.abs(Theta - Theta_ref)) <= 1e-6 * scale
@@ -749,6 +749,7 @@ def test_thread_limit_held_across_concurrent_fits_and_released_after():
 def test_a_w_step_too_large_for_memory_is_refused_with_its_size(monkeypatch):
     """(K M)² float64 entries beyond the available memory: a clear error naming the
     classes, the labelled targets and the gigabytes, not the kernel's kill mid-fit."""
+    import mmdtl2_dist.core.memory as memory
     import mmdtl2_dist.core.wstep as mm
     from mmdtl2_dist.estimators import MMDTL2
 
@@ -756,13 +757,13 @@ def test_a_w_step_too_large_for_memory_is_refused_with_its_size(monkeypatch):
     _, ys, yt, Xs, Xt = _problem(5, K, 15, M, 4, 4)
     monkeypatch.setattr(mm, "SMALL_WSTEP_BYTES", 0)
     need = int(8 * (K * M) ** 2 * mm.SOLVER_COPIES["osqp"])  # OSQP copies it
-    monkeypatch.setattr(mm, "available_bytes", lambda: need - 1)
+    monkeypatch.setattr(memory, "available_bytes", lambda: need - 1)
     with pytest.raises(ValueError, match=r"3 classes x 9 labelled target samples = 27 dual") as e:
         MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)
     assert "solving it (osqp) needs" in str(e.value)
     assert "Instead, use qp_solver='dcd' (it never builds" in str(e.value)
-    monkeypatch.setattr(mm, "available_bytes", lambda: need)
+    monkeypatch.setattr(memory, "available_bytes", lambda: need)
     MMDTL2(qp_solver="osqp").fit_domains(Xs, ys, Xt, yt)
     # coordinate descent builds it only up to SMALL_WSTEP_BYTES and never asks
-    monkeypatch.setattr(mm, "available_bytes", lambda: 0)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 0)
     MMDTL2().fit_domains(Xs, ys, Xt, yt)

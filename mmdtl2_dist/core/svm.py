@@ -119,7 +119,7 @@ def linear_svm(V, y_enc, K, cost, qp_solver="dcd", qp_tol=1e-8):
     ``n × n`` arrays; where they would not fit in the available memory and there are
     fewer columns than samples, the primal (``O(n L)`` memory) is solved instead.
     """
-    from mmdtl2_dist.core.wstep import available_bytes
+    from mmdtl2_dist.core.memory import available_bytes
 
     n, L = V.shape
     if L + 1 < n and (L + 1 <= PRIMAL_MAX_COLUMNS or 16 * n * n > available_bytes()):

@@ -15,11 +15,11 @@ refused with its size (:func:`check_wstep_fits`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mmdtl2_dist.core import memory
 from mmdtl2_dist.core.kron import ScaledKron
 from mmdtl2_dist.core.qp import QPResult, jacobi_scale, solve_prescaled_box_qp
 
@@ -113,23 +113,6 @@ def wstep_hessian(
     return H.dense()
 
 
-def available_bytes() -> int:
-    """Memory this process can still have, in bytes.
-
-    The system's available memory (psutil), or less when a cgroup v2 limit (a container,
-    a Ray worker's limit) caps it.
-    """
-    import psutil
-
-    have = int(psutil.virtual_memory().available)
-    try:
-        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-    except (OSError, ValueError):
-        return have
-    return have if cap == "max" else min(have, int(cap) - used)
-
-
 #: Dense Hessians a QP solver holds at its peak: coordinate descent works on the one
 #: built; OSQP copies it into a sparse matrix and its upper triangle (about 2.5 more).
 SOLVER_COPIES = {"dcd": 1.0, "osqp": 3.5}
@@ -143,7 +126,7 @@ def check_wstep_fits(K: int, M: int, solver: str = "dcd") -> None:
     need = int(8 * (K * M) ** 2 * SOLVER_COPIES.get(solver, 1.0))
     if need <= SMALL_WSTEP_BYTES or solver == "dcd":  # dcd builds it up to that size only
         return
-    have = available_bytes()
+    have = memory.available_bytes()
     if need > have:
         fix = (
             "fit with fewer labelled target samples per class (select='auto' self-trains "
