@@ -1,7 +1,7 @@
 """``MMDTL2(select="auto")`` with many classes: time and peak memory of one fit.
 
     python benchmarks/bench_many_classes.py [--classes 10 20 40 65] [--per-class 40]
-        [--dim 2048] [--labels 3] [--noise 8] [--baselines]
+        [--dim 2048] [--labels 3] [--noise 8] [--baselines] [--seeds 0]
         [--out benchmarks/results/many_classes.json]
 
 The W-step's dual has one variable per (class, labelled target) pair, so its Hessian
@@ -35,8 +35,8 @@ import json, resource, sys, time
 import numpy as np
 from mmdtl2_dist.estimators import MMDTL2
 C, per, d, nl = (int(a) for a in sys.argv[1:5])
-noise, baselines = float(sys.argv[5]), sys.argv[6] == "1"
-rng = np.random.default_rng(0)
+noise, baselines, seed = float(sys.argv[5]), sys.argv[6] == "1", int(sys.argv[7])
+rng = np.random.default_rng(seed)
 means = rng.normal(size=(C, d))
 y = np.repeat(np.arange(C), per)
 Xs = np.maximum(means[y] + noise * rng.normal(size=(len(y), d)), 0)
@@ -62,6 +62,7 @@ if baselines:
         out[name + "_accuracy"] = float(est.score(Xt[rest], y[rest]))
 print(json.dumps({
     **out,
+    "table": m.auto_["table"],
     "accuracy": float(m.score(Xt[rest], y[rest])),
     "pick": m.auto_["pick"],
     "pseudo_labelled": m.auto_["pseudo_labelled"],
@@ -71,15 +72,17 @@ print(json.dumps({
 
 
 def one_fit(
-    classes: int, per_class: int, dim: int, labels: int, noise: float, baselines: bool = False
+    classes: int, per_class: int, dim: int, labels: int, noise: float, baselines: bool = False,
+    seed: int = 0,
 ) -> dict:
     """One fit in a fresh process; its figures, or why it failed (killed, error)."""
     t0 = time.perf_counter()
-    argv = (classes, per_class, dim, labels, noise, int(baselines))
+    argv = (classes, per_class, dim, labels, noise, int(baselines), seed)
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, *map(str, argv)], capture_output=True, text=True
     )
-    out = {"classes": classes, "per_class": per_class, "dim": dim, "labels": labels, "noise": noise}
+    out = {"classes": classes, "per_class": per_class, "dim": dim, "labels": labels,
+           "noise": noise, "seed": seed}  # fmt: skip
     if proc.returncode:
         return {**out, "failed": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
     return {**out, **json.loads(proc.stdout.strip().splitlines()[-1]),
@@ -94,12 +97,16 @@ def main() -> None:
     ap.add_argument("--labels", type=int, default=3)
     ap.add_argument("--noise", type=float, default=8.0, help="within-class spread")
     ap.add_argument("--baselines", action="store_true", help="also the source and target SVMs")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="the data's random seeds")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     runs = []
-    for c in args.classes:
-        runs.append(one_fit(c, args.per_class, args.dim, args.labels, args.noise, args.baselines))
-        print(json.dumps(runs[-1]), flush=True)
+    for seed in args.seeds:
+        for c in args.classes:
+            runs.append(
+                one_fit(c, args.per_class, args.dim, args.labels, args.noise, args.baselines, seed)
+            )
+            print(json.dumps(runs[-1]), flush=True)
     meta = {
         "command": "python benchmarks/bench_many_classes.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {platform.python_version()}",

@@ -512,6 +512,10 @@ def collect_frozen(job, data_dir, seed):
         pool_problem(rule_pool, rule_ys, base.yt, choice.prior_map),
     )
     rec["acc_without_self_training"] = float(np.mean(plain.y_pred == yq))
+    if len(choice.pseudo_rows):  # the pseudo-labelled rows are scored rows: their labels
+        at = {int(r): i for i, r in enumerate(rule_pool.target_test)}
+        truth = yq[[at[int(r)] for r in choice.pseudo_rows]]
+        rec["pseudo_precision"] = float(np.mean(truth == choice.pseudo_labels))
     rec.update(
         pick=pick, cost=res.info["n_fits"], select_s=t2 - t0,
         final_fit_s=res.info["time_total_s"], auto=choice.record(),
