@@ -24,7 +24,7 @@ $(BIN)/.installed-images: $(BIN)/.installed
 
 # The main job: the bundled Office-Caltech10 study (12 shifts x 20 splits, every method).
 run: $(BIN)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/mmdtl2 study run studies/office_caltech10.toml --num-cpus 2
+	$(BIN)/mmdtl2 study run studies/office_caltech10.toml --num-cpus 2
 
 # The whole test suite (real local Ray clusters, SQLite MLflow stores, Zarr on disk).
 test: $(BIN)/.installed-images

@@ -238,7 +238,10 @@ def _init_worker(driver: int) -> None:
     driver has died (SIGKILL, out of memory) exits within a second instead of waiting
     for work forever.
     """
-    import numpy  # noqa: F401 - loads the BLAS, which threadpool_limits only limits if loaded
+    # threadpool_limits limits only the BLAS libraries loaded: numpy's, and scipy's own
+    # (scipy's wheels bring a second OpenBLAS, which the pool's eigendecomposition uses)
+    import numpy  # noqa: F401
+    import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     from mmdtl2_dist.lifecycle import when_parent_is_gone
