@@ -458,7 +458,8 @@ def test_a_second_run_of_a_study_is_refused_while_another_process_holds_its_fold
 ):
     """Two runs of one study would interleave their writes (its data, plan and results):
     while a real process holds the study's lock, ``study run`` exits 2 naming the lock and
-    changes nothing; once that process is SIGKILLed, the kernel releases the lock and the
+    changes nothing, also while the folder holds a file of the first run in flight; once
+    that process is SIGKILLed, the kernel releases the lock and the
     same command runs (a folder holding only the lock is the study's)."""
     spec = tmp_path / "tiny.toml"
     spec.write_text(SMALL_SYNTHETIC_STUDY)
@@ -475,6 +476,11 @@ def test_a_second_run_of_a_study_is_refused_while_another_process_holds_its_fold
         err = capsys.readouterr().err
         assert "another run of this study is writing" in err and ".study.lock" in err
         assert [p.name for p in out.iterdir()] == [".study.lock"]
+        probe = out / ".mmdtl2-probe-x1y2"  # what a run that has just begun has in flight
+        probe.write_text("")
+        assert main(cmd) == 2
+        assert "another run of this study is writing" in capsys.readouterr().err
+        probe.unlink()
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

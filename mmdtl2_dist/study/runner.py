@@ -37,8 +37,13 @@ from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.atomic import remove_temporaries, write_json_atomic
-from mmdtl2_dist.store.locks import locked_folder
-from mmdtl2_dist.store.outputs import OutputKind, claim_output, make_output_folder
+from mmdtl2_dist.store.locks import locked_folder, refuse_if_held
+from mmdtl2_dist.store.outputs import (
+    OutputKind,
+    OutputPathError,
+    claim_output,
+    make_output_folder,
+)
 from mmdtl2_dist.study.executors import (
     Executor,
     TrialSink,
@@ -194,7 +199,11 @@ def run_study(
     runner = make_executor(
         executor or default_executor(address), address=address, num_cpus=num_cpus
     )
-    claim_output(spec.output, STUDY_OUTPUT, overwrite=None)  # ours to continue, or free
+    try:
+        claim_output(spec.output, STUDY_OUTPUT, overwrite=None)  # ours to continue, or free
+    except OutputPathError:  # or a run that has just begun writing it
+        refuse_if_held(spec.output / STUDY_LOCK, _busy(spec))
+        raise
     with stop_on_signals(spec), locked_folder(spec.output, STUDY_LOCK, "one study", _busy(spec)):
         return _run_study(
             spec,
