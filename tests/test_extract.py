@@ -105,8 +105,17 @@ def test_weights_file_identity_and_bad_file(tmp_path):
     assert a.identity.sha256 == b.identity.sha256 and not b.identity.meaningful
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="cannot read it as a state dict of tensors"):
+    with pytest.raises(ValueError, match="cannot read it as a state dict of tensors") as e:
         Extractor(ModelSpec.parse("alexnet:conv5"), str(junk), Preprocessing())
+    assert "\n" not in str(e.value)  # torch's several lines: only its first
+    other = tmp_path / "resnet18.pt"  # another model's weights: one line, not torch's list
+    torch.save(models.resnet18(weights=None).state_dict(), other)
+    with pytest.raises(ValueError, match=r"not a state dict of alexnet \(16 of its tensors "):
+        Extractor(ModelSpec.parse("alexnet:conv5"), str(other), Preprocessing())
+    shapes = models.alexnet(weights=None, num_classes=7).state_dict()  # same names
+    torch.save(shapes, other)
+    with pytest.raises(ValueError, match=r"0 unknown, 2 of another shape; first: 'classifier"):
+        Extractor(ModelSpec.parse("alexnet:conv5"), str(other), Preprocessing())
 
 
 @pytest.mark.ray

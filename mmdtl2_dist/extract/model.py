@@ -209,7 +209,7 @@ def load_model(name: str, weights: str):
         model, label = _pretrained(name)
     else:
         model = models.get_model(name, weights=None)
-        model.load_state_dict(_state_dict_file(Path(weights), name))
+        _load_state_dict(model, _state_dict_file(Path(weights), name), Path(weights), name)
         label = f"file:{Path(weights).name}"
     model.eval()
     return model, WeightsIdentity(label, state_dict_sha256(model.state_dict()))
@@ -233,7 +233,8 @@ def _pretrained(name: str):
             f"cannot load torchvision's pretrained weights {w} ({type(exc).__name__}: {exc}). "
             "They are downloaded once into torch's cache ($TORCH_HOME); on a machine without "
             "network access, save them elsewhere with torch.save(model.state_dict(), PATH) "
-            "and pass --weights PATH."
+            "and give PATH as the weights (extract --weights PATH, register --with-extractor "
+            "PATH)."
         ) from exc
 
 
@@ -248,8 +249,9 @@ def _state_dict_file(path: Path, name: str) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - not a torch file, or one holding more than tensors
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
-            f"weights {path}: cannot read it as a state dict of tensors ({exc}); save it "
+            f"weights {path}: cannot read it as a state dict of tensors ({why}); save it "
             "with torch.save(model.state_dict(), PATH)."
         ) from exc
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
@@ -257,6 +259,22 @@ def _state_dict_file(path: Path, name: str) -> dict:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"weights {path}: holds no state dict of tensors.")
     return state
+
+
+def _load_state_dict(model, state: dict, path: Path, name: str) -> None:
+    """Load ``state`` into ``model``, or say in one line why it is not ``name``'s."""
+    want = model.state_dict()
+    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    wrong = sorted(k for k in set(want) & set(state) if want[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        first = (missing or unexpected or wrong)[0]
+        raise ValueError(
+            f"weights {path}: not a state dict of {name} ({len(missing)} of its tensors "
+            f"missing, {len(unexpected)} unknown, {len(wrong)} of another shape; first: "
+            f"{first!r}); give weights saved from {name} with "
+            "torch.save(model.state_dict(), PATH)."
+        )
+    model.load_state_dict(state)
 
 
 def feature_module(model, spec: ModelSpec):
