@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -69,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         # User errors: one clear line, no traceback.
         print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): stop quietly, as a shell tool
+        # does on SIGPIPE; stdout goes to /dev/null so that its last flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except OSError as exc:
         from mmdtl2_dist.store.outputs import NO_ROOM
 

@@ -177,3 +177,19 @@ def test_schema_accepts_the_bundled_specs():
     for p in sorted(Path(__file__).resolve().parents[1].glob("studies/*.toml")):
         raw = copy.deepcopy(tomllib.loads(p.read_text()))
         assert not list(validator.iter_errors(raw)), p.name
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
+    """`mmdtl2 study schema | head -1`: the reader closes the pipe; the command stops with
+    the shell's status for SIGPIPE (141) and no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    code = "import sys; from mmdtl2_dist.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "study", "schema"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.stdout.close()  # before the child has written (it imports for a second first)
+    assert proc.wait(timeout=60) == 141
+    assert b"Traceback" not in proc.stderr.read()
