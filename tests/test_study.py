@@ -333,7 +333,8 @@ def test_cpu_accounting_splits_capacity():
 def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path, executor):
     """`mmdtl2 study run` interrupted (Ctrl-C) mid-way exits 130 and says how to resume;
     `study resume` stopped by SIGTERM exits 143; a last `study resume` gives the same
-    report as an uninterrupted run and one MLflow run per trial, on either executor."""
+    report as an uninterrupted run and one MLflow run per trial, on either executor. The
+    study's MLflow run is KILLED while stopped and FINISHED once resumed to the end."""
     import os
     import signal
     import subprocess
@@ -399,6 +400,10 @@ def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path, execu
     assert f"Continue it with:\n    mmdtl2 study resume {part} {' '.join(opts)}\n" in err
     assert "Failed to fetch metrics" not in err  # Tune's list of the trials stopped early
     assert not (part / "report").exists()  # no report that could pass for the study's
+    client = MlflowClient(f"sqlite:///{part / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("mmdtl2-tiny").experiment_id
+    parent = [r for r in client.search_runs([exp]) if r.data.tags["mmdtl2_role"] == "parent"]
+    assert [r.info.status for r in parent] == ["KILLED"]  # stopped, not left RUNNING
     rc, err = stop_after(["resume", str(part), *opts], done + 1, signal.SIGTERM, False)
     assert n_done() < 10, "the study finished before it could be stopped"
     assert rc == 143, err[-3000:]
@@ -408,8 +413,8 @@ def test_cli_study_interrupted_and_resumed_matches_uninterrupted(tmp_path, execu
     res = run("resume", str(part), *opts)
     assert res.returncode == 0, res.stderr[-2000:]
     pd.testing.assert_frame_equal(_table(part), _table(tmp_path / "full"))
-    client = MlflowClient(f"sqlite:///{part / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("mmdtl2-tiny").experiment_id])
+    runs = client.search_runs([exp])
+    assert [r.info.status for r in runs if r.info.run_id == parent[0].info.run_id] == ["FINISHED"]
     keys = [
         r.data.tags["mmdtl2_trial_key"] for r in runs if r.data.tags.get("mmdtl2_role") == "trial"
     ]

@@ -10,7 +10,6 @@ spaces, class sets, splits that can hold the requested labelled samples and a te
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,42 +42,6 @@ from mmdtl2_dist.study.splits import (
     labelled_subset,
     on_device,
 )
-
-#: What a study builds in ``<output>/data`` (bundled and synthetic data).
-BUILT_DATA = ("office_caltech10.zarr", "hoffman_splits.json", "synthetic.zarr")
-#: The lock a running study holds in its folder (:mod:`mmdtl2_dist.store.locks`).
-STUDY_LOCK = ".study.lock"
-
-
-def holds_only_built_data(output: Path) -> bool:
-    """Whether ``output`` holds only what a study writes before its state file.
-
-    The study's lock file, and a ``data`` folder of what a study builds (its writes in
-    flight included: hidden siblings ``.<name>.tmp-…``): what a run stopped while it
-    built its data leaves. Never through a link.
-    """
-    if not output.is_dir() or output.is_symlink():
-        return False
-    entries = {e.name: e for e in output.iterdir()}
-    lock, data = entries.pop(STUDY_LOCK, None), entries.pop("data", None)
-    if entries or (lock is None and data is None):
-        return False
-    if lock is not None and (lock.is_symlink() or not lock.is_file()):
-        return False
-    if data is None:
-        return True
-    if data.is_symlink() or not data.is_dir():
-        return False
-    return all(e.name in BUILT_DATA or _is_write_in_flight(e.name) for e in data.iterdir())
-
-
-def _is_write_in_flight(name: str) -> bool:
-    """A temporary of an atomic write or a staged store of :data:`BUILT_DATA`."""
-    from mmdtl2_dist.store.atomic import TEMPORARY_NAME
-
-    staged = re.fullmatch(r"\.(?P<name>.+)\.(tmp|old)-.+-\d+-[0-9a-f]{8}", name)
-    m = TEMPORARY_NAME.fullmatch(name) or staged
-    return m is not None and m["name"] in BUILT_DATA
 
 
 def _data_folder(data_dir: Path, output: Path) -> None:

@@ -37,11 +37,7 @@ from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.atomic import remove_temporaries, write_json_atomic
-from mmdtl2_dist.store.locks import locked_folder, refuse_if_held
 from mmdtl2_dist.store.outputs import (
-    OutputKind,
-    OutputPathError,
-    claim_output,
     make_output_folder,
 )
 from mmdtl2_dist.study.executors import (
@@ -52,6 +48,7 @@ from mmdtl2_dist.study.executors import (
     missing_trials,
     set_aside_other_data,
 )
+from mmdtl2_dist.study.folder import study_folder_lock
 from mmdtl2_dist.study.interrupt import reclaim_signals, stop_on_signals
 from mmdtl2_dist.study.plan import (
     PLAN_FILE,
@@ -59,11 +56,9 @@ from mmdtl2_dist.study.plan import (
     StudyPlan,
 )
 from mmdtl2_dist.study.preparation import (
-    STUDY_LOCK,
     check_data,
     compute_grams,
     gram_provenance,
-    holds_only_built_data,
     prepare_data,
     study_plan,
     unlabelled_notes,
@@ -71,13 +66,6 @@ from mmdtl2_dist.study.preparation import (
 from mmdtl2_dist.study.report import write_report
 from mmdtl2_dist.study.spec import StudySpec, load_spec, parse_spec
 from mmdtl2_dist.study.timing import study_timing, timing_line
-
-#: A study folder: its state file, or only the data a run stopped while building it left.
-STUDY_OUTPUT = OutputKind(
-    "study folder",
-    is_dir=True,
-    recognise=lambda path: (path / STATE_FILE).is_file() or holds_only_built_data(path),
-)
 
 
 def tracker_config(
@@ -199,12 +187,7 @@ def run_study(
     runner = make_executor(
         executor or default_executor(address), address=address, num_cpus=num_cpus
     )
-    try:
-        claim_output(spec.output, STUDY_OUTPUT, overwrite=None)  # ours to continue, or free
-    except OutputPathError:  # or a run that has just begun writing it
-        refuse_if_held(spec.output / STUDY_LOCK, _busy(spec))
-        raise
-    with stop_on_signals(spec), locked_folder(spec.output, STUDY_LOCK, "one study", _busy(spec)):
+    with stop_on_signals(spec), study_folder_lock(spec):
         return _run_study(
             spec,
             runner,
@@ -213,15 +196,6 @@ def run_study(
             progress=progress,
             max_trials=max_trials,
         )
-
-
-def _busy(spec: StudySpec) -> str:
-    """Why a second run of a study is refused while the first writes its folder."""
-    return (
-        f"another run of this study is writing {spec.output} (it holds "
-        f"{spec.output / STUDY_LOCK}); wait for it to finish, or stop it (Ctrl-C) and run "
-        "this command again to resume."
-    )
 
 
 def _checked_data(spec: StudySpec, progress: bool | None) -> tuple[Path, Path | None]:
@@ -318,13 +292,30 @@ def _run_started(
         f"pairs) on the {executor.name} executor; output {spec.output}",
     )
     t1, stages["trials_t0"] = time.perf_counter(), time.time()
-    _run_trials(spec, executor, plan_path, trials, sink, max_trials=max_trials, progress=progress)
+    try:
+        _run_trials(
+            spec, executor, plan_path, trials, sink, max_trials=max_trials, progress=progress
+        )
+    except BaseException as exc:
+        _end_parent_run(tracker, exc)
+        raise
     stages["trials_wall_s"] = time.perf_counter() - t1
     stages["trials_t1"], stages["cpus"] = time.time(), executor.cpus()
     t2 = time.perf_counter()
     rep = report_study(spec, tracker=tracker, progress=progress, timing=stages, log=track)
     stages["report_s"] = time.perf_counter() - t2
     return rep
+
+
+def _end_parent_run(tracker, exc: BaseException) -> None:
+    """Mark the study's MLflow run stopped (KILLED) or failed, not left RUNNING."""
+    if tracker is None:
+        return
+    stopped = isinstance(exc, KeyboardInterrupt)  # StudyInterrupted (a signal) is one too
+    try:
+        tracker.end_parent("KILLED" if stopped else "FAILED")
+    except Exception:  # noqa: BLE001 - the store may be what failed; the study's error matters
+        pass
 
 
 def _tracking(

@@ -340,6 +340,13 @@ class StudyTracker:
         if finished:
             self.client.set_terminated(rid, RunStatus.to_string(RunStatus.FINISHED))
 
+    def end_parent(self, status: str) -> None:
+        """Mark the parent run ``KILLED`` (a stopped study) or ``FAILED``.
+
+        A resume that finishes marks it ``FINISHED`` again (:meth:`log_parent`).
+        """
+        self.client.set_terminated(self.parent_id, status)
+
 
 def _json_default(o):
     if isinstance(o, np.integer):
