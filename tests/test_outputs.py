@@ -504,3 +504,36 @@ def test_a_study_refused_by_its_data_leaves_no_folder_behind(tmp_path, capsys):
     assert main(cmd) == 2
     assert "500" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_report_of_a_study_another_run_is_writing_says_so(tmp_path, capsys):
+    """`study report` of a folder whose run is still going names that run instead of
+    advising a `resume` its lock would refuse; of a stopped study with no finished trial,
+    it gives the `resume` command, not `study run`."""
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(SMALL_SYNTHETIC_STUDY + '[[methods]]\nmethod = "source_svm"\n')
+    out = tmp_path / "out"
+    run = ["study", "run", str(spec), "--output", str(out), "--executor", "local", "-q"]
+    assert main(run) == 0, capsys.readouterr().err
+    results = sorted((out / "results").glob("*.json"))
+    assert len(results) == 2
+    results[0].unlink()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out / ".study.lock")], stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    report = ["study", "report", str(out), "--no-mlflow"]
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        capsys.readouterr()
+        assert main(report) == 0
+        err = capsys.readouterr().err
+        assert "1 trials have no result yet; a run of this study is writing" in err, err
+        results[1].unlink()
+        assert main(report) == 2
+        assert "none of its trials has finished yet" in capsys.readouterr().err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert main(report) == 2
+    assert f"continue it with `mmdtl2 study resume {out}`" in capsys.readouterr().err

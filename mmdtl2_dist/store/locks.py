@@ -123,21 +123,28 @@ def locked_folder(folder: Path, lock_name: str, what: str, busy: str) -> Iterato
                 break
 
 
+def lock_is_held(path: Path) -> bool:
+    """Whether another process holds the lock file ``path`` now."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
 def refuse_if_held(path: Path, busy: str) -> None:
     """Raise :class:`OutputBusy` with ``busy`` if another process holds the lock ``path``.
 
     For an output found in a state a writer passes through (its lock taken, its first
     files in flight) before this process has tried the lock itself.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise OutputBusy(busy) from None
-    except OSError:
-        return
-    finally:
-        os.close(fd)
+    if lock_is_held(path):
+        raise OutputBusy(busy)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mmdtl2_dist.store.locks import locked_folder, refuse_if_held
+from mmdtl2_dist.store.locks import lock_is_held, locked_folder, refuse_if_held
 from mmdtl2_dist.store.outputs import OutputKind, OutputPathError, claim_output
 from mmdtl2_dist.study.plan import STATE_FILE
 from mmdtl2_dist.study.spec import StudySpec
@@ -89,3 +89,12 @@ def study_folder_lock(spec: StudySpec) -> Iterator[None]:
         raise
     with locked_folder(spec.output, STUDY_LOCK, "one study", busy):
         yield
+
+
+def running_note(output: Path) -> str | None:
+    """What to say of a study folder another run is writing now (None if none is)."""
+    lock = Path(output) / STUDY_LOCK
+    return (
+        f"a run of this study is writing {output} now (it holds {lock})" * lock_is_held(lock)
+        or None
+    )

@@ -457,7 +457,10 @@ def report_study(
         spec = load_state_spec(spec)
     payloads, missing = load_payloads(spec)
     if not payloads:
-        raise ValueError(f"no finished trials in {spec.output}; run `mmdtl2 study run` first.")
+        began = (spec.output / STATE_FILE).is_file()
+        fix = f"continue it with `mmdtl2 study resume {spec.output}`" if began else (
+            "run `mmdtl2 study run` first")  # fmt: skip
+        raise ValueError(f"no finished trials in {spec.output}; {fix}.")
     if timing is None:
         st = spec.output / STATE_FILE
         timing = json.loads(st.read_text()).get("last_run", {}) if st.exists() else {}
