@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if getattr(args, "quiet", False):  # MLflow's INFO lines too, here and in the workers
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     shown_before = warnings.formatwarning
     warnings.formatwarning = _one_line_warning(args.command, shown_before)
     try:

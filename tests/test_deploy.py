@@ -329,6 +329,7 @@ def test_register_configuration_not_in_study(fresh_study):
         (["--metric", "accuracy_f1"], "has metric 'accuracy_f1'"),
         (["--label", "targetSVM"], "Deployable labels"),
         (["--pair", "cam_b->cam_a"], "is not in the study"),
+        (["--pair", "cam_b -> cam_a"], "pair 'cam_b->cam_a' is not in the study"),
         (["--pair", "cam_a-"], "quote the pair, --pair 'cam_a->TARGET'"),
         (["--method", "mmdtl2", "--param", "kernel=rbf", "--export-w"], "linear kernel"),
         (["--method", "mmdtl2", "--param", "c_q=1"], "no parameter 'c_q'"),

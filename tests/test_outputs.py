@@ -537,3 +537,20 @@ def test_report_of_a_study_another_run_is_writing_says_so(tmp_path, capsys):
         holder.wait()
     assert main(report) == 2
     assert f"continue it with `mmdtl2 study resume {out}`" in capsys.readouterr().err
+
+
+def test_quiet_study_run_prints_no_mlflow_info_lines(tmp_path):
+    """`-q` is quiet for MLflow's INFO lines too (its database set-up), in a new process
+    as a user runs it; the report goes to stdout and stderr stays empty."""
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(SMALL_SYNTHETIC_STUDY)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmdtl2_dist.cli", "study", "run", str(spec), "--output",
+         str(tmp_path / "out"), "--executor", "local", "-q"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| n_per_class |" in proc.stdout
+    assert proc.stderr == ""

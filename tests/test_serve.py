@@ -234,6 +234,7 @@ def _row(**at) -> list:
         ({"inputs": [_row(c2=None)]}, "NaN or Inf in 1 row(s): 0"),
         ({"dataframe_records": [{"f0": 1.0}]}, "one of the keys ['inputs', 'instances'"),
         ({"inputs": []}, "holds no rows"),
+        ({"inputs": "abc"}, "the request's 'inputs' is a JSON str, not a list of rows"),
         ({"inputs": [_row(c4=10**400)]}, "integer too large for float64 at row 0, column 4"),
     ],
 )  # fmt: skip

@@ -113,7 +113,13 @@ def request_rows(body: bytes):
                 raise RequestError(
                     400, f"dataframe_split has {len(columns)} columns but rows of {len(rows[0])}."
                 )
-    if not isinstance(rows, list) or not rows:
+    if not isinstance(rows, list):
+        raise RequestError(
+            400,
+            f"the request's {keys[0]!r} is a JSON {type(rows).__name__}, not a list of rows; "
+            'send {"inputs": [[...], ...]} with one row of numbers per sample.',
+        )
+    if not rows:
         raise RequestError(400, "the request holds no rows; send a non-empty list of rows.")
     return rows
 

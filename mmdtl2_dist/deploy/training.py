@@ -113,6 +113,7 @@ def choose_pair(handle: StudyHandle, pair: str | None) -> tuple[str, str]:
                 f"the study has {len(pairs)} device pairs; choose one with --pair (one of {names})."
             )
         return pairs[0]
+    pair = "->".join(part.strip() for part in pair.split("->"))  # 'a -> b' is 'a->b'
     if pair not in names:
         raise ValueError(
             f"pair {pair!r} is not in the study; its pairs are {names}.{_redirect_hint(pair)}"

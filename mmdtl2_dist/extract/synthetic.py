@@ -106,8 +106,11 @@ def make_image_set(out: str | os.PathLike, spec: ImageSetSpec, overwrite: bool =
     """Write the image set (module docstring) atomically; return its folder."""
     from PIL import Image
 
-    if min(spec.n_source, spec.n_target, spec.n_classes, spec.size) < 1:
-        raise ValueError(f"image set sizes must be positive, got {spec}.")
+    sizes = {"--n-source": spec.n_source, "--n-target": spec.n_target,
+             "--classes": spec.n_classes, "--size": spec.size}  # fmt: skip
+    bad = {flag: v for flag, v in sizes.items() if v < 1}
+    if bad:
+        raise ValueError(f"image set sizes must be at least 1, got {bad}.")
     if spec.source_device == spec.target_device:
         raise ValueError(
             f"the two devices need two names, got {spec.source_device!r} for both; change "

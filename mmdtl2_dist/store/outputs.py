@@ -145,7 +145,7 @@ FEATURE_STORE = OutputKind(
     "feature store",
     is_dir=True,
     recognise=_is_feature_store,
-    replace_hint="pass overwrite=True (--overwrite) to replace it",
+    replace_hint="pass --overwrite (overwrite=True in Python) to replace it",
     written=_store_files,
 )
 

@@ -32,9 +32,10 @@ class StudyInterrupted(KeyboardInterrupt):
         self.output = spec.output
         self.total = len(trials)
         self.done = self.total - len(missing_trials(spec.output, trials))
+        kept = f" (kept in {self.output / 'results'})" if self.done else ""
         super().__init__(
             f"stopped by {signal.Signals(self.signum).name} with {self.done} of "
-            f"{self.total} trials done (kept in {self.output / 'results'})"
+            f"{self.total} trials done{kept}"
         )
 
     @property

@@ -265,7 +265,10 @@ def trial_key(config: MethodConfig, n_per_class: int, unlabelled: str | dict = D
 
 
 def _err(where: str, msg: str) -> SpecError:
-    return SpecError(f"study spec: [{where}] {msg}")
+    """An error in the spec's section ``where``, or in the command-line flag ``where``."""
+    return SpecError(
+        f"{where}: {msg}" if where.startswith("--") else f"study spec: [{where}] {msg}"
+    )
 
 
 def core_params(params: dict) -> dict:
