@@ -437,6 +437,10 @@ def test_predict_feature_store_and_zarr_array(registered, tmp_path):
     Xb = fs.read("cam_b", "f")
     np.testing.assert_array_equal(s["label"], reference_estimator(registered).predict(Xb))
     assert list(s["sample_id"][:2]) == ["cam_b/0", "cam_b/1"] and set(s["device"]) == {"cam_b"}
+    with pytest.warns(
+        UserWarning, match="adapts device 'cam_b'.s features; the features of 'cam_a'"
+    ):
+        assert _predict(registered, store, tmp_path / "a.parquet", "--device", "cam_a") == 0
     arr = zarr.create_array(str(tmp_path / "x.zarr"), shape=Xb.shape, dtype="f8", chunks=(8, DIM))
     arr[:] = Xb
     assert _predict(registered, tmp_path / "x.zarr", tmp_path / "z.parquet") == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 
 from mmdtl2_dist.commands import add_quiet_options, add_tracking_uri_option
 
@@ -47,6 +48,14 @@ def run(args: argparse.Namespace) -> int:
             "served by `mlflow models serve`."
         )
     device = args.device or config.get("target_device")
+    if config.get("target_device") and device != config["target_device"]:
+        warnings.warn(
+            f"{args.model} adapts device {config['target_device']!r}'s features; the features "
+            f"of {device!r} are scored as if they were {config['target_device']!r}'s (register "
+            f"an adapter for {device!r} with --pair to score them as its own).",
+            UserWarning,
+            stacklevel=2,
+        )
     space = args.space or config.get("feature_space")
     n_features = config.get("n_features")
     frames, n = [], 0
