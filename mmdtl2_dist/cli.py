@@ -57,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if getattr(args, "quiet", False):  # MLflow's INFO lines too, here and in the workers
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    env_before = os.environ.get("MLFLOW_LOGGING_LEVEL")
+    if getattr(args, "quiet", False) and env_before is None:  # MLflow's INFO lines too,
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"  # here and in the workers
     shown_before = warnings.formatwarning
     warnings.formatwarning = _one_line_warning(args.command, shown_before)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a reader gone away is caught, not at exit
+        return status
     except KeyboardInterrupt:
         # Ctrl-C (the commands with more to say, study and office, say it themselves):
         # one line on what is kept, the shell's status for SIGINT.
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmdtl2 {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
         # The reader of our output went away (`| head`): stop quietly, as a shell tool
         # does on SIGPIPE; stdout goes to /dev/null so that its last flush cannot fail.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -89,6 +94,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         warnings.formatwarning = shown_before
+        if env_before is None:
+            os.environ.pop("MLFLOW_LOGGING_LEVEL", None)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _one_line_warning(command: str, other):

@@ -332,7 +332,7 @@ def test_register_configuration_not_in_study(fresh_study):
         (["--pair", "cam_b -> cam_a"], "pair 'cam_b->cam_a' is not in the study"),
         (["--pair", "cam_a-"], "quote the pair, --pair 'cam_a->TARGET'"),
         (["--method", "mmdtl2", "--param", "kernel=rbf", "--export-w"], "linear kernel"),
-        (["--method", "mmdtl2", "--param", "c_q=1"], "no parameter 'c_q'"),
+        (["--method", "mmdtl2", "--param", "c_q=1"], "--param: method 'mmdtl2' has no parameter"),
         (["--method", "mmdtl2", "--param", "c_d=-1"], "c_d must be"),
         (["--param", "c_d=1"], "need --method"),
         (["--method", "mmdt", "--select", "auto"], "--select auto is a rule for method 'mmdtl2'"),

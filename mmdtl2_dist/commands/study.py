@@ -78,7 +78,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_quiet_options(p, "progress lines")
 
 
-def _print_result(rep: dict, running: str | None = None) -> None:
+def _print_result(rep: dict) -> None:
     print(rep["summary"])
     print()
     print(f"report: {rep['files'][0]}")
@@ -93,9 +93,11 @@ def _print_result(rep: dict, running: str | None = None) -> None:
         if rep["tracking_uri"].startswith("sqlite:"):
             print(f"        mlflow ui --backend-store-uri {shlex.quote(rep['tracking_uri'])}")
     if rep.get("missing"):
-        then = f"{running}; its own report follows when it ends" if running else (
-            "continue the study with `mmdtl2 study resume`")  # fmt: skip
-        print(f"warning: {len(rep['missing'])} trials have no result yet; {then}.", file=sys.stderr)
+        print(
+            f"warning: {len(rep['missing'])} trials have no result yet; continue the study "
+            "with `mmdtl2 study resume`.",
+            file=sys.stderr,
+        )
 
 
 def _resume_command(output: Path, args) -> str:
@@ -168,19 +170,14 @@ def _resume(args) -> int:
 
 
 def _report(args) -> int:
-    from mmdtl2_dist.study.folder import running_note
+    from mmdtl2_dist.study.folder import refuse_if_running
     from mmdtl2_dist.study.runner import report_study
 
-    running = running_note(Path(args.folder).expanduser().absolute())
-    try:
-        rep = report_study(
-            args.folder, tracking_uri=args.tracking_uri, log=not args.no_mlflow, progress=False
-        )
-    except ValueError as exc:
-        if running and str(exc).startswith("no finished trials"):
-            raise ValueError(f"{running}, and none of its trials has finished yet.") from None
-        raise
-    _print_result(rep, running)
+    refuse_if_running(Path(args.folder).expanduser().absolute())  # its report is the run's
+    rep = report_study(
+        args.folder, tracking_uri=args.tracking_uri, log=not args.no_mlflow, progress=False
+    )
+    _print_result(rep)
     return 0
 
 

@@ -108,15 +108,16 @@ def request_rows(body: bytes):
                 400, 'dataframe_split needs a "data" list of rows (and optionally "columns").'
             )
         columns, rows = rows.get("columns"), rows["data"]
-        if columns is not None and rows and isinstance(rows[0], list):
+        if columns is not None and isinstance(rows, list) and rows and isinstance(rows[0], list):
             if len(columns) != len(rows[0]):
                 raise RequestError(
                     400, f"dataframe_split has {len(columns)} columns but rows of {len(rows[0])}."
                 )
     if not isinstance(rows, list):
+        where = 'dataframe_split\'s "data"' if keys[0] == "dataframe_split" else repr(keys[0])
         raise RequestError(
             400,
-            f"the request's {keys[0]!r} is a JSON {type(rows).__name__}, not a list of rows; "
+            f"the request's {where} is a JSON {type(rows).__name__}, not a list of rows; "
             'send {"inputs": [[...], ...]} with one row of numbers per sample.',
         )
     if not rows:

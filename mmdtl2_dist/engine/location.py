@@ -31,7 +31,7 @@ from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.feature_store import FeatureStore
-from mmdtl2_dist.store.locks import open_lock_file, take_lock
+from mmdtl2_dist.store.locks import held_lock
 from mmdtl2_dist.store.outputs import NO_ROOM, OutputPathError
 
 GRAM_DIR_SUFFIX = ".grams"
@@ -90,23 +90,17 @@ def gram_lock(out: Path, progress: bool | None = None) -> Iterator[None]:
     lock file is ``.<name>.lock`` beside ``out`` (:mod:`mmdtl2_dist.store.locks`).
     """
     path = out.with_name(f".{out.name}.lock")
-    fd = open_lock_file(
-        path,
-        "computing a Gram needs a writable folder for it: choose another one (`mmdtl2 gram "
-        '--gram-dir DIR` or `--out DIR`, or `gram_dir = "DIR"` in a study spec\'s [data]).',
-    )
 
     def waiting(seconds: float | None) -> None:
         if seconds is None:
-            say(
-                progress,
-                f"gram: another process is computing {out} (it holds {path}); waiting for it",
-            )
+            say(progress, f"gram: another process is computing {out} (it holds {path}); waiting")
         else:
             say(progress, f"gram: the other process let go of {out} after {seconds:.0f} s")
 
-    try:
-        take_lock(fd, path, f"the Gram {out.name}", waiting=waiting)
+    fix = (
+        "computing a Gram needs a writable folder for it: choose another one (`mmdtl2 gram "
+        '--gram-dir DIR` or `--out DIR`, or `gram_dir = "DIR"` in a study spec\'s [data]).'
+    )
+    # 0o666 (less the umask): a Gram folder may be shared by a group's users
+    with held_lock(path, f"the Gram {out.name}", fix=fix, mode=0o666, waiting=waiting):
         yield
-    finally:
-        os.close(fd)  # releases the lock

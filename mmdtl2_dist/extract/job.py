@@ -56,7 +56,7 @@ from mmdtl2_dist.extract.store_fill import StoreAfter, StoreJob, StreamedStore
 from mmdtl2_dist.progress import Progress, say
 from mmdtl2_dist.store.feature_store import FeatureStore
 from mmdtl2_dist.store.layout import check_name
-from mmdtl2_dist.store.locks import open_lock_file, take_lock
+from mmdtl2_dist.store.locks import lock_at
 from mmdtl2_dist.store.outputs import FEATURE_STORE, OutputKind, claim_output, make_output_folder
 
 JOB_FORMAT = "mmdtl2-extract/1"
@@ -188,17 +188,11 @@ def _resume_or_start(work: Path, job: dict, table: ImageTable, restart: bool) ->
 def _lock(work: Path) -> int:
     """Lock the work folder for this run (:mod:`mmdtl2_dist.store.locks`); its descriptor."""
     path = work / LOCK_FILE
-    fd = open_lock_file(path, "choose another output path, in a folder you can write.")
-    try:
-        take_lock(
-            fd, path, "one store",
-            busy=f"another `mmdtl2 extract` is writing this store (it holds {path}); wait for "
-            "it to finish, or choose another output path.",
-        )  # fmt: skip
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return lock_at(
+        path, "one store", "choose another output path, in a folder you can write.",
+        busy=f"another `mmdtl2 extract` is writing this store (it holds {path}); wait for "
+        "it to finish, or choose another output path.",
+    )  # fmt: skip
 
 
 def _plan(table: ImageTable, shard_rows: int, folder: Path) -> list[dict]:

@@ -319,6 +319,8 @@ def recover_leftovers(target: str | os.PathLike) -> str | None:
     return "; ".join(said) or None
 
 
+#: The name of the file :func:`make_output_folder` creates and removes to test a folder.
+PROBE_PREFIX = ".mmdtl2-probe-"
 #: Errors of creating a folder or file that the user can fix by choosing another path.
 _UNUSABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST, errno.ENOTDIR}
 
@@ -333,7 +335,7 @@ def make_output_folder(folder: str | os.PathLike, output: str | os.PathLike) -> 
     folder = Path(folder).absolute()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".mmdtl2-probe-", dir=folder)
+        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=folder)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:

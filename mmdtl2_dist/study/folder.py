@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mmdtl2_dist.store.locks import lock_is_held, locked_folder, refuse_if_held
-from mmdtl2_dist.store.outputs import OutputKind, OutputPathError, claim_output
+from mmdtl2_dist.store.locks import OutputBusy, lock_is_held, locked_folder, refuse_if_held
+from mmdtl2_dist.store.outputs import PROBE_PREFIX, OutputKind, OutputPathError, claim_output
 from mmdtl2_dist.study.plan import STATE_FILE
 from mmdtl2_dist.study.spec import StudySpec
 
@@ -33,12 +33,12 @@ def holds_only_built_data(output: Path) -> bool:
     """Whether ``output`` holds only what a study writes before its state file.
 
     The study's lock file, and a ``data`` folder of what a study builds (its writes in
-    flight included: hidden siblings ``.<name>.tmp-…``): what a run stopped while it
-    built its data leaves. Never through a link.
+    flight included: hidden siblings ``.<name>.tmp-…``, and the folder's writability
+    probe): what a run stopped while it built its data leaves. Never through a link.
     """
     if not output.is_dir() or output.is_symlink():
         return False
-    entries = {e.name: e for e in output.iterdir()}
+    entries = {e.name: e for e in output.iterdir() if not e.name.startswith(PROBE_PREFIX)}
     lock, data = entries.pop(STUDY_LOCK, None), entries.pop("data", None)
     if entries or (lock is None and data is None):
         return False
@@ -94,7 +94,13 @@ def study_folder_lock(spec: StudySpec) -> Iterator[None]:
 def running_note(output: Path) -> str | None:
     """What to say of a study folder another run is writing now (None if none is)."""
     lock = Path(output) / STUDY_LOCK
-    return (
-        f"a run of this study is writing {output} now (it holds {lock})" * lock_is_held(lock)
-        or None
-    )
+    if not lock_is_held(lock):
+        return None
+    return f"a run of this study is writing {output} now (it holds {lock})"
+
+
+def refuse_if_running(output: Path) -> None:
+    """Refuse (:class:`~mmdtl2_dist.store.locks.OutputBusy`) a folder another run writes."""
+    note = running_note(output)
+    if note:
+        raise OutputBusy(f"{note}; wait for it to finish, or stop it (Ctrl-C) first.")

@@ -48,7 +48,7 @@ from mmdtl2_dist.study.executors import (
     missing_trials,
     set_aside_other_data,
 )
-from mmdtl2_dist.study.folder import study_folder_lock
+from mmdtl2_dist.study.folder import refuse_if_running, study_folder_lock
 from mmdtl2_dist.study.interrupt import reclaim_signals, stop_on_signals
 from mmdtl2_dist.study.plan import (
     PLAN_FILE,
@@ -120,6 +120,7 @@ def load_state_spec(output: str | Path) -> StudySpec:
     out = Path(output).expanduser().resolve()
     path = out / STATE_FILE
     if not path.exists():
+        refuse_if_running(out)  # a first run has the folder, and no state file yet
         raise FileNotFoundError(
             f"{out} is not a study folder (no {STATE_FILE}); pass the "
             "folder that `mmdtl2 study run` wrote (its --output)."
@@ -296,13 +297,13 @@ def _run_started(
         _run_trials(
             spec, executor, plan_path, trials, sink, max_trials=max_trials, progress=progress
         )
+        stages["trials_wall_s"] = time.perf_counter() - t1
+        stages["trials_t1"], stages["cpus"] = time.time(), executor.cpus()
+        t2 = time.perf_counter()
+        rep = report_study(spec, tracker=tracker, progress=progress, timing=stages, log=track)
     except BaseException as exc:
         _end_parent_run(tracker, exc)
         raise
-    stages["trials_wall_s"] = time.perf_counter() - t1
-    stages["trials_t1"], stages["cpus"] = time.time(), executor.cpus()
-    t2 = time.perf_counter()
-    rep = report_study(spec, tracker=tracker, progress=progress, timing=stages, log=track)
     stages["report_s"] = time.perf_counter() - t2
     return rep
 
@@ -313,7 +314,7 @@ def _end_parent_run(tracker, exc: BaseException) -> None:
         return
     stopped = isinstance(exc, KeyboardInterrupt)  # StudyInterrupted (a signal) is one too
     try:
-        tracker.end_parent("KILLED" if stopped else "FAILED")
+        tracker.set_parent_status("KILLED" if stopped else "FAILED")
     except Exception:  # noqa: BLE001 - the store may be what failed; the study's error matters
         pass
 
@@ -345,6 +346,7 @@ def _tracking(
         "study": spec.name,
         **extraction_tags(fs.provenance),
     }
+    tracker.set_parent_status("RUNNING")  # a resume of a stopped study: running again
     tracker.log_parent(
         params={**_flat_params(spec), **{f"gram.{s}": g["key"] for s, g in provenance.items()}},
         tags={**tags, **{f"gram_path.{s}": g["path"] for s, g in provenance.items()}},

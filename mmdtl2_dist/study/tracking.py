@@ -340,12 +340,16 @@ class StudyTracker:
         if finished:
             self.client.set_terminated(rid, RunStatus.to_string(RunStatus.FINISHED))
 
-    def end_parent(self, status: str) -> None:
-        """Mark the parent run ``KILLED`` (a stopped study) or ``FAILED``.
+    def set_parent_status(self, status: str) -> None:
+        """Set the parent run's status.
 
-        A resume that finishes marks it ``FINISHED`` again (:meth:`log_parent`).
+        ``RUNNING`` while a run or resume logs trials, ``KILLED`` once it is stopped,
+        ``FAILED`` on an error; :meth:`log_parent` marks it ``FINISHED`` at the end.
         """
-        self.client.set_terminated(self.parent_id, status)
+        if status == "RUNNING":
+            self.client.update_run(self.parent_id, status=status)
+        else:
+            self.client.set_terminated(self.parent_id, status)
 
 
 def _json_default(o):
