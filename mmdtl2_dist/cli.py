@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warning(args.command, shown_before)
     try:
         status = int(args.func(args) or 0)
-        sys.stdout.flush()  # here, where a reader gone away is caught, not at exit
+        if sys.stdout is not None:  # None when started with stdout closed
+            sys.stdout.flush()  # here, where a reader gone away is caught, not at exit
         return status
     except KeyboardInterrupt:
         # Ctrl-C (the commands with more to say, study and office, say it themselves):
@@ -99,13 +100,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe whose reading end is closed (poll reports an error)."""
+    """Whether stdout's reader has gone (a pipe: poll's error; a socket: its hang-up)."""
     import select
 
     try:
         poll = select.poll()
         poll.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
     except (OSError, ValueError, AttributeError):
         return False
 

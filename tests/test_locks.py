@@ -44,3 +44,37 @@ def test_a_held_lock_refuses_with_the_busy_message_and_releases_on_close(tmp_pat
                 pass
     with locks.held_lock(path, "one store", fix="fix", busy="third"):
         assert path.is_file()
+
+
+def test_a_lock_file_behind_a_link_is_locked_once(tmp_path):
+    """A lock path that is a symbolic link locks its target (open follows it), and the
+    check that the locked file is the one at the path follows it too: no endless retry."""
+    target = tmp_path / "real.lock"
+    target.write_text("")
+    link = tmp_path / ".lock"
+    link.symlink_to(target)
+    fd = locks.lock_at(link, "one store", "fix", busy="busy")
+    try:
+        assert locks.lock_is_held(target)
+    finally:
+        os.close(fd)
+
+
+def test_a_folder_removed_by_the_lock_holder_meanwhile_is_busy_not_unwritable(
+    tmp_path, monkeypatch
+):
+    """The holder of a study's lock ends, removing the lock and the folder it created,
+    while this process waited for that lock: the run is told to run again, not that the
+    folder cannot be written."""
+    folder = tmp_path / "study"
+    folder.mkdir()
+    path, real = folder / ".study.lock", locks.take_lock
+
+    def holder_ended_meanwhile(fd, p, what, **how):
+        path.unlink()
+        folder.rmdir()
+        return real(fd, p, what, **how)
+
+    monkeypatch.setattr(locks, "take_lock", holder_ended_meanwhile)
+    with pytest.raises(locks.OutputBusy, match="has just ended and removed its folder"):
+        locks.lock_at(path, "one study", "fix", busy="busy")

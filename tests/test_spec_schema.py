@@ -202,3 +202,19 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(args):
     proc.stdout.close()  # before the child has written (it imports for a second first)
     assert proc.wait(timeout=120) == 141
     assert proc.stderr.read() == b""
+
+
+def test_a_command_started_with_stdout_closed_succeeds():
+    """`mmdtl2 study schema >&-` (a daemon's closed stdout: Python's sys.stdout is None):
+    the output has nowhere to go, and the command still succeeds."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = f"'{sys.executable}' -m mmdtl2_dist.cli study schema >&-"
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert b"Traceback" not in proc.stderr

@@ -34,6 +34,8 @@ NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 #: A refusing lock tries this many times, this far apart, before it says "busy": a
 #: reader's short shared probe (:func:`lock_is_held`) must not refuse a run.
 BUSY_TRIES, BUSY_PAUSE_S = 5, 0.02
+#: Times a lock is taken again because its file was replaced meanwhile (:func:`lock_at`).
+RELOCKS = 10
 
 
 class OutputBusy(ValueError):
@@ -99,7 +101,7 @@ def take_lock(
 def _is_at(fd: int, path: Path) -> bool:
     """Whether ``fd`` is the file at ``path`` now (not one removed since it was opened)."""
     try:
-        now = os.stat(path, follow_symlinks=False)
+        now = os.stat(path)  # through a link, as open() went
     except FileNotFoundError:
         return False
     held = os.fstat(fd)
@@ -108,7 +110,12 @@ def _is_at(fd: int, path: Path) -> bool:
 
 def lock_at(path: Path, what: str, fix: str, mode: int = 0o644, **how) -> int:
     """A descriptor of ``path`` locked by :func:`take_lock` (``how``), the file at ``path``."""
-    while True:
+    for attempt in range(RELOCKS):
+        if attempt and not path.parent.is_dir():  # its holder ended and removed the folder
+            raise OutputBusy(
+                f"the run that held {path} has just ended and removed its folder; run this "
+                "command again."
+            )
         fd = open_lock_file(path, fix, mode)
         try:
             take_lock(fd, path, what, **how)
@@ -118,6 +125,7 @@ def lock_at(path: Path, what: str, fix: str, mode: int = 0o644, **how) -> int:
             os.close(fd)
             raise
         os.close(fd)  # its holder removed it while this process waited: lock the new one
+    raise OutputBusy(f"the lock file {path} kept changing while this process took it; {fix}")
 
 
 @contextmanager

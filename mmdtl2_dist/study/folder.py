@@ -38,7 +38,7 @@ def holds_only_built_data(output: Path) -> bool:
     """
     if not output.is_dir() or output.is_symlink():
         return False
-    entries = {e.name: e for e in output.iterdir() if not e.name.startswith(PROBE_PREFIX)}
+    entries = {e.name: e for e in output.iterdir() if not _is_probe(e)}
     lock, data = entries.pop(STUDY_LOCK, None), entries.pop("data", None)
     if entries or (lock is None and data is None):
         return False
@@ -48,7 +48,15 @@ def holds_only_built_data(output: Path) -> bool:
         return True
     if data.is_symlink() or not data.is_dir():
         return False
-    return all(e.name in BUILT_DATA or _is_write_in_flight(e.name) for e in data.iterdir())
+    return all(
+        e.name in BUILT_DATA or _is_write_in_flight(e.name) or _is_probe(e) for e in data.iterdir()
+    )
+
+
+def _is_probe(entry: Path) -> bool:
+    """The file :func:`~mmdtl2_dist.store.outputs.make_output_folder` tests a folder with."""
+    name = re.escape(PROBE_PREFIX) + r"[A-Za-z0-9_]{8}"
+    return bool(re.fullmatch(name, entry.name)) and entry.is_file() and not entry.is_symlink()
 
 
 def _is_write_in_flight(name: str) -> bool:

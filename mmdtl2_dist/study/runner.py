@@ -304,6 +304,8 @@ def _run_started(
     except BaseException as exc:
         _end_parent_run(tracker, exc)
         raise
+    if rep.get("missing") and tracker is not None:  # stopped early (max_trials)
+        tracker.set_parent_status("KILLED")
     stages["report_s"] = time.perf_counter() - t2
     return rep
 
@@ -346,12 +348,12 @@ def _tracking(
         "study": spec.name,
         **extraction_tags(fs.provenance),
     }
-    tracker.set_parent_status("RUNNING")  # a resume of a stopped study: running again
     tracker.log_parent(
         params={**_flat_params(spec), **{f"gram.{s}": g["key"] for s, g in provenance.items()}},
         tags={**tags, **{f"gram_path.{s}": g["path"] for s, g in provenance.items()}},
         files=[spec.path] if spec.path else [],
     )
+    tracker.set_parent_status("RUNNING")  # a resume of a stopped study: running again
     return tracker, TrialSink(str(spec.output), tcfg, tags, total, progress, units)
 
 
