@@ -37,9 +37,7 @@ from pathlib import Path
 
 from mmdtl2_dist.progress import say
 from mmdtl2_dist.store.atomic import remove_temporaries, write_json_atomic
-from mmdtl2_dist.store.outputs import (
-    make_output_folder,
-)
+from mmdtl2_dist.store.outputs import make_output_folder
 from mmdtl2_dist.study.executors import (
     Executor,
     TrialSink,
