@@ -111,7 +111,7 @@ def test_local_and_ray_executors_give_the_same_study(tmp_path, ray_local):
     assert not (local / "tune").exists() and (ray / "tune").is_dir()
 
 
-def test_local_executor_runs_without_ray(tmp_path):
+def test_local_executor_runs_without_ray(tmp_path, capsys):
     """`mmdtl2 study run` on the local executor (the default without --address) with Ray
     not importable at all: the study runs, is tracked in MLflow and reported."""
     spec = _spec(tmp_path)
@@ -135,6 +135,16 @@ def test_local_executor_runs_without_ray(tmp_path):
     assert "| n_per_class | target SVM | source SVM | MMDTL2 CV-selected |" in res.stdout
     assert len(list((tmp_path / "out" / "results").glob("*.json"))) == 6
     assert (tmp_path / "out" / "mlflow.db").stat().st_size > 0
+    # register's --metric on a study of two pairs: the mean over both is said to be that,
+    # and a standard deviation is no score to maximise
+    from mmdtl2_dist.cli import main
+
+    reg = ["register", str(tmp_path / "out"), "--name", "parity-x", "--pair", "cam_a->cam_b",
+           "--quiet"]  # fmt: skip
+    with pytest.warns(UserWarning, match=r"mean over the study's 2 device pairs; the pair"):
+        assert main([*reg, "--metric", "accuracy"]) == 0
+    assert main([*reg, "--metric", "accuracy_std"]) == 2
+    assert "is a standard deviation over splits" in capsys.readouterr().err
 
 
 def test_local_executor_reports_failed_trials_and_keeps_the_others(tmp_path):

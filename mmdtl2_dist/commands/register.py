@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import warnings
 
 from mmdtl2_dist.commands import (
     add_quiet_options,
@@ -109,9 +110,16 @@ def _register(args: argparse.Namespace, handle) -> int:
     elif args.param or args.select:
         raise ValueError("--param/--select need --method (explicit parameters).")
     elif args.metric or args.label:
-        metric = args.metric
+        metric, n_pairs = args.metric, len(study_pairs(handle))
         if metric is None:
-            metric = pm if len(study_pairs(handle)) > 1 else "accuracy"
+            metric = pm if n_pairs > 1 else "accuracy"
+        elif metric == "accuracy" and n_pairs > 1:
+            warnings.warn(
+                f"--metric accuracy is the mean over the study's {n_pairs} device pairs; the "
+                f"pair {source}->{target}'s own is --metric {pm}.",
+                UserWarning,
+                stacklevel=2,
+            )
         cfg = best_trial(handle, metric, label=args.label, pair_metric_name=pm)
     else:
         cfg = recommended_config(handle, pair_metric_name=pm)
@@ -201,8 +209,9 @@ def _add_configuration_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=(
             "register the study's best trial by this metric instead of the recommended "
-            "configuration (with --label alone: accuracy_pair/<pair> when the study has "
-            "several pairs, else accuracy)"
+            "configuration: accuracy (the mean over the study's pairs) or "
+            "accuracy_pair/<pair> (one pair's); with --label alone: accuracy_pair/<pair> "
+            "when the study has several pairs, else accuracy"
         ),
     )
     p.add_argument(

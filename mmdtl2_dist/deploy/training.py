@@ -199,6 +199,11 @@ def best_trial(
     """
     from mmdtl2_dist.study.tracking import KEY_TAG
 
+    if metric.endswith("_std"):
+        raise ValueError(
+            f"--metric {metric} is a standard deviation over splits, not a score to maximise; "
+            "choose accuracy or an accuracy_pair/<pair> metric."
+        )
     trials = _trials_by_key(handle)
     runs = _trial_runs(handle)
     cands = []
@@ -212,7 +217,10 @@ def best_trial(
             cands.append((r, t))
     if not cands:
         labels = sorted({t.config.label for t in trials.values() if t.config.method in DEPLOYABLE})
-        have = sorted({k for r in runs for k in r.data.metrics if k.startswith("accuracy")})
+        have = sorted(
+            {k for r in runs for k in r.data.metrics if k.startswith("accuracy")}
+            - {k for r in runs for k in r.data.metrics if k.endswith("_std")}
+        )
         raise ValueError(
             f"no finished {'/'.join(DEPLOYABLE)} trial of study {handle.spec.name!r} has metric "
             f"{metric!r}"
