@@ -86,9 +86,8 @@ def study_folder_lock(spec: StudySpec) -> Iterator[None]:
     lock is busy, not foreign.
     """
     busy = (
-        f"another run of this study is writing {spec.output} (it holds "
-        f"{spec.output / STUDY_LOCK}); wait for it to finish, or stop it (Ctrl-C) and run "
-        "this command again to resume."
+        f"{_writing(spec.output)}; wait for it to finish, or stop it (Ctrl-C) and run this "
+        "command again to resume."
     )
     try:
         claim_output(spec.output, STUDY_OUTPUT, overwrite=None)  # ours to continue, or free
@@ -99,16 +98,12 @@ def study_folder_lock(spec: StudySpec) -> Iterator[None]:
         yield
 
 
-def running_note(output: Path) -> str | None:
-    """What to say of a study folder another run is writing now (None if none is)."""
-    lock = Path(output) / STUDY_LOCK
-    if not lock_is_held(lock):
-        return None
-    return f"a run of this study is writing {output} now (it holds {lock})"
+def _writing(output: Path) -> str:
+    """Who holds a study folder, for the messages of those it refuses."""
+    return f"another run of this study is writing {output} (it holds {output / STUDY_LOCK})"
 
 
 def refuse_if_running(output: Path) -> None:
     """Refuse (:class:`~mmdtl2_dist.store.locks.OutputBusy`) a folder another run writes."""
-    note = running_note(output)
-    if note:
-        raise OutputBusy(f"{note}; wait for it to finish, or stop it (Ctrl-C) first.")
+    if lock_is_held(Path(output) / STUDY_LOCK):
+        raise OutputBusy(f"{_writing(output)}; wait for it to finish, or stop it (Ctrl-C) first.")
