@@ -72,7 +72,12 @@ print(json.dumps({
 
 
 def one_fit(
-    classes: int, per_class: int, dim: int, labels: int, noise: float, baselines: bool = False,
+    classes: int,
+    per_class: int,
+    dim: int,
+    labels: int,
+    noise: float,
+    baselines: bool = False,
     seed: int = 0,
 ) -> dict:
     """One fit in a fresh process; its figures, or why it failed (killed, error)."""
