@@ -218,9 +218,9 @@ def best_trial(
     if not cands:
         labels = sorted({t.config.label for t in trials.values() if t.config.method in DEPLOYABLE})
         have = sorted(
-            {k for r in runs for k in r.data.metrics if k.startswith("accuracy")}
-            - {k for r in runs for k in r.data.metrics if k.endswith("_std")}
-        )
+            {k for r in runs for k in r.data.metrics
+             if k.startswith("accuracy") and not k.endswith("_std")}
+        )  # fmt: skip
         raise ValueError(
             f"no finished {'/'.join(DEPLOYABLE)} trial of study {handle.spec.name!r} has metric "
             f"{metric!r}"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mmdtl2_dist.store.locks import OutputBusy, lock_is_held, locked_folder, refuse_if_held
+from mmdtl2_dist.store.locks import locked_folder, refuse_if_held
 from mmdtl2_dist.store.outputs import PROBE_PREFIX, OutputKind, OutputPathError, claim_output
 from mmdtl2_dist.study.plan import STATE_FILE
 from mmdtl2_dist.study.spec import StudySpec
@@ -105,5 +105,7 @@ def _writing(output: Path) -> str:
 
 def refuse_if_running(output: Path) -> None:
     """Refuse (:class:`~mmdtl2_dist.store.locks.OutputBusy`) a folder another run writes."""
-    if lock_is_held(Path(output) / STUDY_LOCK):
-        raise OutputBusy(f"{_writing(output)}; wait for it to finish, or stop it (Ctrl-C) first.")
+    refuse_if_held(
+        Path(output) / STUDY_LOCK,
+        f"{_writing(output)}; wait for it to finish, or stop it (Ctrl-C) first.",
+    )
