@@ -38,7 +38,8 @@ the frozen rule), ``fresh2`` (seed 2029, for the confirmation of its extensions)
 ``fresh4`` (seed 2031, for the confirmation of STF2 / STF2A, STF's stronger strengths, and
 of STFH), ``fresh5`` (seed 2032, for the guard's knife edge, PT) and ``fresh6`` (seed 2034,
 for the target SVM as the rule's alternative, O) and ``fresh7`` (seed 2035, for the
-target SVM as the default with many labels, O2).
+target SVM as the default with many labels, O2) and ``fresh8`` (seed 2036, for self-training
+validated on the folds, STV).
 Hoffman's 20 fixed splits are never read here. Datasets and the
 transductive pool are those of ``benchmarks/bench_priors_dev.py`` (the pool: the split's
 source samples and every sample of the target domain). A shift is left out of a label
@@ -104,10 +105,11 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 # (seed 2031) its two stronger strengths (``--variants STF STF2 STF2A``) and then STFH;
 # ``fresh5`` (seed 2032) the guard's deterministic knife edge (PT); ``fresh6`` (seed 2034)
 # the target SVM as the rule's alternative (O) at 3, 10, 20 and 40 labels per class, and
-# ``fresh7`` (seed 2035) the target SVM as the default with many labels (O2).
+# ``fresh7`` (seed 2035) the target SVM as the default with many labels (O2), ``fresh8``
+# (seed 2036) self-training validated on the folds (STV).
 SEEDS = {
     **SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032,
-    "fresh6": 2034, "fresh7": 2035,
+    "fresh6": 2034, "fresh7": 2035, "fresh8": 2036,
 }  # fmt: skip
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
