@@ -82,7 +82,6 @@ from mmdtl2_dist.core.auto import (
     DEFAULT,
     NO_FOLDS,
     candidate_map,
-    confident_pseudo_labels,
     default_and_alternatives,
     fit_predict_auto,
     pca_dim,
@@ -98,6 +97,7 @@ from mmdtl2_dist.core.selection import (
     multiclass_hinge,
     sub_problem,
 )
+from mmdtl2_dist.core.self_training import confident_pseudo_labels
 from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
 # ``fresh`` confirmed the frozen rule itself, ``fresh2`` (seed 2029) its ST/ENS variants,

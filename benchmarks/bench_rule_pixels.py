@@ -88,7 +88,7 @@ def one_split(job) -> dict:
             out[name] = 100 * float(model.score(Xt[rest], yt[rest]))
             out[name + "_s"] = time.perf_counter() - t0
         record = models["auto"].auto_
-        out.update({k: record[k] for k in ("pick", "pseudo_labelled", "self_training_check")})
+        out.update({k: record.get(k) for k in ("pick", "pseudo_labelled", "self_training_check")})
         if records:
             out.update(candidate_records(Xs, ys, Xt, yt, lab, rest))
     return out
@@ -104,7 +104,7 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     self-training (``acc_nost``). With one label a class (no folds) the fold-free F is
     compared with D and S fitted on the labelled targets alone.
     """
-    from mmdtl2_dist.core import auto
+    from mmdtl2_dist.core import auto, self_training
     from mmdtl2_dist.core.methods import fit_predict
     from mmdtl2_dist.core.preprocessing import fit_preprocessing
     from mmdtl2_dist.core.priors import SamplePool
@@ -122,7 +122,7 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     names = [row["candidate"] for row in choice.table]
     n_classes, p = len(np.unique(ys)), pool.Kyy.shape[0]
     counts = np.unique(ytl, return_counts=True)[1]
-    unl = auto.unlabelled_rows(pool, np.ones(p, bool))
+    unl = self_training.unlabelled_rows(pool, np.ones(p, bool))
     acc, acc_nost, hinge, times = {}, {}, {}, {}
     acc_st, precision = {1: {}, 2: {}}, {1: {}, 2: {}}
     unl_pos = lambda rows: np.searchsorted(rest, rows)  # noqa: E731  pool rows -> test rows
@@ -140,7 +140,7 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
             hinge[c] = h.tolist()
             times[c] = auto.pseudo_labels_per_labelled(int(counts.max()), float(h.mean()))
             for k in (1, 2):
-                grown, grown_y, rows, labels = auto.self_training_pool(
+                grown, grown_y, rows, labels = self_training.self_training_pool(
                     pool, ytl, unl, scores, classes, k
                 )
                 acc_st[k][c] = test_acc(grown, grown_y)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mmdtl2_dist.core import auto as auto_module
 from mmdtl2_dist.core.adapter import AdapterState
 from mmdtl2_dist.core.auto import (
     AUTO_RULE,
     CANDIDATES,
-    confident_pseudo_labels,
     default_and_alternatives,
     fit_predict_auto,
+    fold_fits,
     guarded_pick,
     paired_gain,
     pool_problem,
@@ -36,7 +37,12 @@ from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import SamplePool
-from mmdtl2_dist.core.selection import canonical_order, cv_folds
+from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge
+from mmdtl2_dist.core.self_training import (
+    confident_pseudo_labels,
+    self_trained_fold_hinge,
+    unlabelled_rows,
+)
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain
 from mmdtl2_dist.estimators import MMDTL2
 
@@ -95,7 +101,9 @@ def test_auto_reproduces_recorded_dev_picks(split):
     assert got == pytest.approx(hinge, rel=1e-6)
     rec = res.info["auto"]
     assert rec["rule"] == AUTO_RULE and rec["pool_size"] == pool.Kyy.shape[0]
-    assert res.info["n_fits"] == (1 if pick == "F" else 10)
+    # 9 fold fits, 3 self-trained fold fits (the check kept self-training here), the final
+    assert res.info["n_fits"] == (1 if pick == "F" else 13)
+    assert (rec["self_training_check"] is None) == (pick == "F")
     # self-training where folds validated the pick: 6 unlabelled targets per class asked,
     # fewer in a class that fewer unlabelled targets are predicted as
     assert rec["pseudo_labelled"] == n_pseudo
@@ -111,14 +119,13 @@ def test_auto_reproduces_a_recorded_target_svm_pick():
     assert got == pytest.approx(hinge, rel=1e-6)
     plain = fit_predict("target_svm", choice.params, pool_problem(pool, ys, yt, None))
     assert np.mean(plain.y_pred == yq) == pytest.approx(acc_labelled, abs=1e-12)
-    # the final fit: the target SVM on the labelled and the self-trained targets
-    grown = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train,
-                       np.r_[pool.target_train, choice.pseudo_rows], pool.target_test)  # fmt: skip
-    grown_prob = pool_problem(grown, ys, choice.problem.yt, None)
-    again = fit_predict("target_svm", {"c_t": 1.0}, grown_prob)
-    np.testing.assert_allclose(res.scores, again.scores, rtol=1e-10, atol=1e-10)
-    assert res.info["n_fits"] == 10 and res.info["auto"]["method"] == "target_svm"
-    assert 0 < len(choice.pseudo_rows) <= len(yt)  # k = n: 10 labels a class is not "few"
+    # self-training raised the self-trained fold fits' held-out hinge loss by more than its
+    # standard error: the final fit is the target SVM on the labelled targets alone
+    gain, se = choice.self_training_check
+    assert gain == pytest.approx(-0.1132, abs=1e-4) and gain < -se
+    assert len(choice.pseudo_rows) == 0 and choice.pseudo_per_labelled == 0
+    np.testing.assert_allclose(res.scores, plain.scores, rtol=1e-10, atol=1e-10)
+    assert res.info["n_fits"] == 13 and res.info["auto"]["method"] == "target_svm"
 
 
 def test_self_training_labels_the_most_confident_unlabelled_targets_of_the_fold_fits():
@@ -160,6 +167,67 @@ def test_self_training_labels_only_what_the_rule_may_learn_from():
     assert len(choice.pseudo_rows) == 0 and res.info["auto"]["pseudo_labelled"] == 0
     plain = fit_predict("mmdtl2", choice.params, pool_problem(pool, ys, yt, choice.prior_map))
     np.testing.assert_allclose(res.scores, plain.scores, rtol=1e-10, atol=1e-10)
+
+
+def test_self_trained_fold_fits_equal_the_estimator_refitted_on_features():
+    """Each fold's self-trained refit (candidate S: identity prior, weight 1, ``c_f = 1``)
+    equals MMDTL2 fitted on features with that fold's labelled targets and its confident
+    unlabelled ones: the held-out hinge losses agree to the solvers' tolerance."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=4, per_class=3, U=40)
+    pool = gram_pool(Xs, Xt, Xu)
+    pool = pool.with_rows(target_test=pool.target_test[:0])  # the rule's estimator pool
+    prob = pool_problem(pool, ys, yt, None, test_gram=False)
+    unl = unlabelled_rows(pool, np.ones(pool.Kyy.shape[0], bool))
+    unl_prob = pool_problem(pool.with_rows(target_test=unl), ys, yt, None, test_gram=False)
+    folds = cv_folds(yt, 3, "per_class", order=canonical_order(prob.Ktt))
+    params = rule_params("S", None)
+    _, _, classes, per_fold = fold_fits("mmdtl2", params, prob, unl_prob, folds)
+    got = self_trained_fold_hinge("mmdtl2", params, pool, ys, yt, None, unl, folds, per_fold,
+                                  classes, 2)  # fmt: skip
+    want = []
+    for held, scores in zip(folds, per_fold, strict=True):
+        train = np.setdiff1d(np.arange(len(yt)), held)
+        classes_n = np.unique(yt[train], return_counts=True)
+        per_class = {c: 2 * n for c, n in zip(*classes_n, strict=True)}
+        rows, labels = confident_pseudo_labels(scores, classes, per_class)
+        assert len(rows) == 12  # 2 per labelled target of the fold: 2 x 2 x 3 classes
+        est = MMDTL2(**params).fit_domains(
+            Xs, ys, np.vstack([Xt[train], Xu[rows]]), np.r_[yt[train], labels]
+        )
+        want.append(multiclass_hinge(est.decision_function(Xt[held]), classes, yt[held]))
+    np.testing.assert_allclose(got, np.concatenate(want), rtol=1e-5, atol=1e-6)
+
+
+def test_self_training_is_dropped_when_it_hurts_the_fold_fits(monkeypatch):
+    """The check: self-training stays unless the self-trained fold fits' held-out hinge
+    loss is higher by more than one standard error of the paired difference."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=1, per_class=3)
+    pool = gram_pool(Xs, Xt, Xu)
+    asked = select_auto(pool, ys, yt)
+    assert asked.pseudo_per_labelled > 0 and len(asked.pseudo_rows) > 0
+    gain, se = asked.self_training_check
+    assert gain >= -se  # kept here: the real check
+    for shift, kept in ((-0.5, True), (0.5, False)):  # ST lowers / raises every loss
+        monkeypatch.setattr(
+            auto_module, "self_trained_fold_hinge",
+            lambda *a, shift=shift: hinges_of(a) + shift,
+        )  # fmt: skip
+        res, choice = fit_predict_auto(pool, ys, yt)
+        g, s = choice.self_training_check
+        assert g == pytest.approx(-shift) and (g >= -s) == kept and res.info["n_fits"] == 13
+        assert (len(choice.pseudo_rows) > 0) == kept
+        assert choice.pseudo_per_labelled == (asked.pseudo_per_labelled if kept else 0)
+        assert res.info["auto"]["pseudo_labelled"] == len(choice.pseudo_rows)
+
+
+def hinges_of(args) -> np.ndarray:
+    """The pick's own held-out hinge losses, refitted as the rule fitted them (a stand-in
+    for the self-trained ones: the check's test moves only by the shift added)."""
+    method, params, pool, ys, yt, pmap, _unl, folds = args[:8]
+    prob = pool_problem(pool, ys, yt, pmap, test_gram=False)
+    empty = pool_problem(pool.with_rows(target_test=pool.target_test[:0]), ys, yt, pmap,
+                         test_gram=False)  # fmt: skip
+    return fold_fits(method, params, prob, empty, folds)[0]
 
 
 def test_guard_needs_gain_above_its_standard_error():
@@ -224,10 +292,10 @@ def test_hard_shifts_at_few_labels_get_twice_the_pseudo_labels():
 
 
 def test_a_class_with_more_than_10_labels_gets_no_pseudo_labels():
-    """The target SVM pick of ``RECORDED_O`` (10 labels a class) self-trains; one more
-    labelled target in one class and the final fit is on the labelled targets alone."""
+    """The target SVM pick of ``RECORDED_O`` (10 labels a class) asks for self-training (and
+    checks it on its folds); one more labelled target in one class and it asks none."""
     pool, ys, yt, yq = dev_split(*RECORDED_O[0])
-    assert len(select_auto(pool, ys, yt).pseudo_rows) > 0
+    assert select_auto(pool, ys, yt).self_training_check is not None  # asked, then checked
     extra = np.flatnonzero(yq == yt[0])[:1]
     more = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train,
                       np.r_[pool.target_train, pool.target_test[extra]],
@@ -235,6 +303,7 @@ def test_a_class_with_more_than_10_labels_gets_no_pseudo_labels():
     res, choice = fit_predict_auto(more, ys, np.r_[yt, yq[extra]])
     assert choice.pseudo_per_labelled == 0 and len(choice.pseudo_rows) == 0
     assert res.info["auto"]["pseudo_labelled"] == 0 and res.info["n_fits"] == 10
+    assert choice.self_training_check is None
     assert choice.n_unlabelled == len(yq) - 1  # they shaped the prior and were scored
 
 

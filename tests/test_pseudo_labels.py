@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mmdtl2_dist.core.auto import confident_pseudo_labels
+from mmdtl2_dist.core.self_training import confident_pseudo_labels
 
 
 def test_keeps_the_largest_margins_per_predicted_class():

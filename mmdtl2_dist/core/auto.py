@@ -46,8 +46,8 @@ them (in the same fit as its held-out samples); the pick's raw multiclass decisi
 are averaged over its folds (one objective for every fold, so a score is a functional
 margin in the same units). Per class, ``k`` unlabelled targets, those
 predicted as that class with the largest margin of the top score over the second
-(:func:`confident_pseudo_labels`), join the labelled targets with that label, and the pick
-is fitted once on them. ``k`` is the class's
+(:func:`~mmdtl2_dist.core.self_training.confident_pseudo_labels`), join the labelled
+targets with that label, and the pick is fitted once on them. ``k`` is the class's
 labelled count, twice that on a **hard shift** (:func:`pseudo_labels_per_labelled`): the
 pick's mean held-out hinge loss is at least :data:`HARD_HINGE` (the fold fits leave the
 held-out targets inside the margin or misclassified) and no class has more than
@@ -59,15 +59,17 @@ alone.
 **Self-training validated on the folds.** Before the final fit self-trains, each of the
 pick's fold fits is self-trained the same way (its own confident pseudo-labels, as many
 per labelled target of the fold) and fitted again, and scores its held-out targets
-(:func:`self_trained_fold_hinge`). Self-training is dropped when it raised the held-out
-hinge loss by more than :data:`SELF_TRAINING_Z` standard errors (the guard's test, with
-self-training as the default). On raw-pixel dev data (MNIST → USPS, 3 labels a class) the
-MMDTL2 picks lost 4.5 points to self-training although 90 % of their pseudo-labels were
-right; the folds see it. ``3·min(n, 3) + min(n, 3) + 1`` fits at most, 13.
-Designed on dev data and confirmed on new split sets (BENCHMARKS.md,
-"Self-training from the rule's fold fits (STF)", "Twice the pseudo-labels on hard shifts
-(STFH)", "The target SVM as the rule's alternative (O)" and "Self-training validated
-on the folds (STV)", which also give the earlier versions).
+(:func:`~mmdtl2_dist.core.self_training.self_trained_fold_hinge`). Self-training is
+dropped when it raised the held-out hinge loss by more than :data:`SELF_TRAINING_Z`
+standard errors (the guard's test, with self-training as the default). On raw-pixel dev
+data (MNIST → USPS, 3 labels a class) the MMDTL2 picks lost 4.5 points to self-training
+although 90 % of their pseudo-labels were right; the folds see it. Fits: at most
+``3·min(n, 3) + min(n, 3) + 1`` = 13.
+
+Designed on dev data and confirmed on new split sets (BENCHMARKS.md, "Self-training from
+the rule's fold fits (STF)", "Twice the pseudo-labels on hard shifts (STFH)", "The target
+SVM as the rule's alternative (O)" and "Self-training validated on the folds (STV)",
+which also give the earlier versions).
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here, not parameters.
@@ -85,6 +87,11 @@ from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
 from mmdtl2_dist.core.priors import PoolMap, SamplePool
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
+from mmdtl2_dist.core.self_training import (
+    self_trained_fold_hinge,
+    self_training_pool,
+    unlabelled_rows,
+)
 
 AUTO_RULE = "auto-2026-11-28-stv"
 MAX_FOLDS = 3
@@ -143,8 +150,11 @@ class AutoChoice:
     targets the labelled ones followed by the ``pseudo_rows`` (target pool rows) with
     their ``pseudo_labels``; ``n_unlabelled`` is
     the number of unlabelled target rows the rule could learn from (self-training chooses
-    among them when folds exist), ``pseudo_per_labelled`` how many it asked per labelled
-    target (:func:`pseudo_labels_per_labelled`; 0 without self-training).
+    among them when folds exist), ``pseudo_per_labelled`` how many it took per labelled
+    target (:func:`pseudo_labels_per_labelled`; 0 without self-training, also when the
+    check dropped it). ``self_training_check`` is the check's ``(gain, se)``: the mean
+    held-out hinge loss the self-trained fold fits saved, and its standard error (``None``
+    when no self-training was asked).
     """
 
     pick: str
@@ -301,13 +311,6 @@ def also_scoring(fold: GramProblem, unl: GramProblem, train: np.ndarray) -> Gram
     )  # fmt: skip
 
 
-def unlabelled_rows(pool: SamplePool, learn: np.ndarray) -> np.ndarray:
-    """Target pool rows the rule may learn from that are not labelled (self-training's)."""
-    mask = np.asarray(learn, bool)[pool.Kss.shape[0] :].copy()
-    mask[pool.target_train] = False
-    return np.flatnonzero(mask)
-
-
 def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     """Self-training's pseudo-labels per labelled target: 2 (hard shift), 1, or 0.
 
@@ -325,71 +328,6 @@ def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     if most_per_class > MANY_LABELS:
         return 0
     return 2 if most_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
-
-
-def self_training_pool(pool: SamplePool, yt, unl: np.ndarray, scores, classes, times: int):
-    """The pool and labels grown by confidently pseudo-labelled unlabelled rows.
-
-    Per class ``times`` × as many rows as the class has labelled targets
-    (:func:`confident_pseudo_labels`); also returns the rows added (target pool rows) and
-    their labels.
-    """
-    per_class = {c: times * n for c, n in zip(*np.unique(yt, return_counts=True), strict=True)}
-    rows, labels = confident_pseudo_labels(scores, classes, per_class)
-    grown = pool.with_rows(target_train=np.r_[pool.target_train, unl[rows]])
-    return grown, np.r_[yt, labels], unl[rows], labels
-
-
-def confident_pseudo_labels(
-    scores: np.ndarray, classes: np.ndarray, per_class: Mapping
-) -> tuple[np.ndarray, np.ndarray]:
-    """The most confident predictions of each class: ``(rows, labels)``.
-
-    A row's prediction is its highest-scoring class and its confidence the margin of that
-    score over the second highest. For each class ``c`` of ``per_class`` the (at most)
-    ``per_class[c]`` rows predicted as ``c`` with the largest margins are kept (ties to the
-    lower row), so a self-training step adds to each class as many pseudo-labelled samples
-    as asked, never samples predicted as another class. Rows are returned in ascending order.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.ndim != 2 or scores.shape[1] != len(classes) or len(classes) < 2:
-        raise ValueError(
-            f"scores must be (samples, classes) with one column per class of {len(classes)} "
-            f"(at least 2), got shape {scores.shape}; pass the multiclass decision scores."
-        )
-    top2 = np.sort(scores, axis=1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    pred = scores.argmax(axis=1)
-    rows = []
-    for c, k in per_class.items():
-        (cand,) = np.nonzero(pred == np.searchsorted(classes, c))
-        rows.append(cand[np.argsort(-margin[cand], kind="stable")[: int(k)]])
-    rows = np.sort(np.concatenate(rows)) if rows else np.zeros(0, int)
-    return rows, np.asarray(classes)[pred[rows]]
-
-
-def self_trained_fold_hinge(
-    cand: str, params, pool: SamplePool, ys, yt, pmap, unl, folds, fold_scores, classes, times
-) -> np.ndarray:
-    """Held-out hinge losses of candidate ``cand``'s fold fits, each self-trained.
-
-    Fold ``j``'s fit (``fold_scores[j]``: its scores on the unlabelled targets) pseudo-labels
-    as the final fit would (:func:`self_training_pool`, ``times`` per labelled target of
-    the fold), is fitted again on its labelled and pseudo-labelled targets, and scores its
-    held-out targets: one loss per held-out sample, folds in order, as :func:`fold_fits`.
-    ``unl`` are the unlabelled target rows the fold scores are of.
-    """
-    lab, idx, losses = pool.target_train, np.arange(len(yt)), []
-    for held, scores in zip(folds, fold_scores, strict=True):
-        train = np.setdiff1d(idx, held)
-        fold_pool = pool.with_rows(target_train=lab[train], target_test=lab[held])
-        grown, grown_y, _, _ = self_training_pool(fold_pool, yt[train], unl, scores, classes, times)
-        res = fit_predict(
-            CANDIDATES[cand].method, rule_params(cand, params),
-            pool_problem(grown, ys, grown_y, pmap, test_gram=False),
-        )  # fmt: skip
-        losses.append(multiclass_hinge(res.scores, res.classes, yt[held]))
-    return np.concatenate(losses)
 
 
 def paired_gain(h_default: np.ndarray, h_alt: np.ndarray) -> tuple[float, float]:
@@ -490,8 +428,9 @@ def select_auto(
     st_check = None
     if times:
         st_hinge = self_trained_fold_hinge(
-            pick, params, pool, ys, yt, maps[pick], unl, folds, per_fold[pick], classes, times
-        )
+            CANDIDATES[pick].method, rule_params(pick, params), pool, ys, yt, maps[pick], unl,
+            folds, per_fold[pick], classes, times,
+        )  # fmt: skip
         st_check = paired_gain(hinge[pick], st_hinge)
         times = times if st_check[0] >= -SELF_TRAINING_Z * st_check[1] else 0
     if times:
