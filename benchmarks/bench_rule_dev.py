@@ -86,6 +86,7 @@ from mmdtl2_dist.core.auto import (
     fit_predict_auto,
     pca_dim,
     pool_problem,
+    pseudo_labels_per_labelled,
     rule_params,
 )
 from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
@@ -541,12 +542,15 @@ FOLD_SELF_TRAINING = {
 ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, O and S, refitted on all labelled targets
 
 
-def hard_shift_times(choice) -> int:
+def hard_shift_times(choice, yt) -> int:
     """STFH's pseudo-labels per labelled target (BENCHMARKS.md, "Twice the pseudo-labels
-    on hard shifts (STFH)"): the product's own gate (``pseudo_labels_per_labelled``), STF2's
-    2 on a hard shift at ≤ 3 labels per class, 0 (no self-training) above 10, STF's 1
-    elsewhere."""
-    return choice.pseudo_per_labelled
+    on hard shifts (STFH)"): the product's gate (``pseudo_labels_per_labelled``) on the
+    pick's held-out hinge loss, STF2's 2 on a hard shift at ≤ 3 labels per class, 0 (no
+    self-training) above 10, STF's 1 elsewhere; before the product's check on its folds,
+    which STFH does not have."""
+    hinge = next(r["cv_hinge"] for r in choice.table if r["candidate"] == choice.pick)
+    most = int(np.unique(yt, return_counts=True)[1].max())
+    return pseudo_labels_per_labelled(most, hinge)
 
 
 def with_pseudo_labels(pool: SamplePool, yt, rows, labels):
@@ -669,7 +673,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
         for name in fold_variants:
             t0 = time.perf_counter()
             times, agree = FOLD_SELF_TRAINING[name]
-            times = hard_shift_times(choice) if times is None else times
+            times = hard_shift_times(choice, yt) if times is None else times
             eligible = agreeing_rows(per_fold) if agree else None
             grown, yt2, rows, labels = pseudo_labelled(
                 pool, ys, yt, scores, classes, times, eligible

@@ -99,8 +99,10 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
 
     One selection (:func:`mmdtl2_dist.core.auto.select_auto` on the Gram pool of the
     preprocessed features, test rows scored), its fold fits captured; then every candidate
-    it fitted is finished as the rule finishes its pick (self-training as
-    :func:`~mmdtl2_dist.core.auto.pseudo_labels_per_labelled` says, ``acc``) and without
+    it fitted is finished as version ``auto-2026-11-27-o2`` finished its pick, without the
+    check on the folds (self-training as
+    :func:`~mmdtl2_dist.core.auto.pseudo_labels_per_labelled` says, ``acc``; at 1 and 2
+    pseudo-labels per labelled target, ``acc_st1``, ``acc_st2``) and without
     self-training (``acc_nost``). With one label a class (no folds) the fold-free F is
     compared with D and S fitted on the labelled targets alone.
     """

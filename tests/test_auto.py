@@ -161,7 +161,7 @@ def test_self_training_labels_only_what_the_rule_may_learn_from():
     learn[ns + pool.target_test[::2]] = False  # every other test sample: scored only
     choice = select_auto(pool, ys, yt, learn=learn)
     assert choice.n_unlabelled == len(pool.target_test[1::2])
-    assert set(choice.pseudo_rows) <= set(pool.target_test[1::2])
+    assert len(choice.pseudo_rows) > 0 and set(choice.pseudo_rows) <= set(pool.target_test[1::2])
     learn[ns + pool.target_test] = False  # no unlabelled target at all
     res, choice = fit_predict_auto(pool, ys, yt, learn=learn)
     assert len(choice.pseudo_rows) == 0 and res.info["auto"]["pseudo_labelled"] == 0
@@ -207,17 +207,44 @@ def test_self_training_is_dropped_when_it_hurts_the_fold_fits(monkeypatch):
     assert asked.pseudo_per_labelled > 0 and len(asked.pseudo_rows) > 0
     gain, se = asked.self_training_check
     assert gain >= -se  # kept here: the real check
-    for shift, kept in ((-0.5, True), (0.5, False)):  # ST lowers / raises every loss
+    # stand-ins for the self-trained losses: the pick's own, moved by k standard errors
+    # of a paired difference that varies (so the threshold itself is tested)
+    for k, kept in ((-0.5, True), (0.5, True), (0.99, True), (1.01, False), (3.0, False)):
         monkeypatch.setattr(
-            auto_module, "self_trained_fold_hinge",
-            lambda *a, shift=shift: hinges_of(a) + shift,
-        )  # fmt: skip
+            auto_module, "self_trained_fold_hinge", lambda *a, k=k: moved_hinges(a, k)
+        )
         res, choice = fit_predict_auto(pool, ys, yt)
         g, s = choice.self_training_check
-        assert g == pytest.approx(-shift) and (g >= -s) == kept and res.info["n_fits"] == 13
+        assert s > 0 and g == pytest.approx(-k * s) and res.info["n_fits"] == 13
         assert (len(choice.pseudo_rows) > 0) == kept
         assert choice.pseudo_per_labelled == (asked.pseudo_per_labelled if kept else 0)
         assert res.info["auto"]["pseudo_labelled"] == len(choice.pseudo_rows)
+
+
+def test_the_check_without_pseudo_labels_is_the_fold_fits():
+    """With no pseudo-label asked, each self-trained fold fit is the fold fit itself: the
+    check pairs every held-out sample with its own loss, folds in order."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=2, per_class=3)
+    pool = gram_pool(Xs, Xt, Xu).with_rows(target_test=np.zeros(0, int))
+    unl = unlabelled_rows(pool, np.ones(pool.Kyy.shape[0], bool))
+    prob = pool_problem(pool, ys, yt, None, test_gram=False)
+    unl_prob = pool_problem(pool.with_rows(target_test=unl), ys, yt, None, test_gram=False)
+    folds = cv_folds(yt, 3, "per_class", order=canonical_order(prob.Ktt))
+    params = rule_params("S", None)
+    hinge, _, classes, per_fold = fold_fits("mmdtl2", params, prob, unl_prob, folds)
+    again = self_trained_fold_hinge(
+        "mmdtl2", params, pool, ys, yt, None, unl, folds, per_fold, classes, 0
+    )
+    np.testing.assert_allclose(again, hinge, rtol=1e-9, atol=1e-12)
+
+
+def moved_hinges(args, k: float) -> np.ndarray:
+    """The pick's held-out losses plus a centred ±0.1 pattern plus ``k`` of the paired
+    difference's standard error: the check's gain is then exactly ``−k·se``."""
+    h = hinges_of(args)
+    v = 0.1 * (-1.0) ** np.arange(len(h))
+    v -= v.mean()
+    return h + v + k * v.std(ddof=1) / np.sqrt(len(h))
 
 
 def hinges_of(args) -> np.ndarray:

@@ -3,7 +3,8 @@
 The rule (:mod:`mmdtl2_dist.core.auto`) grows its labelled targets with the unlabelled
 targets its pick predicts with the largest margins (:func:`confident_pseudo_labels`,
 :func:`self_training_pool`), after checking on the pick's folds that doing the same there
-does not raise the held-out loss (:func:`self_trained_fold_hinge`).
+does not raise the held-out loss by more than its standard error
+(:func:`self_trained_fold_hinge`).
 """
 
 from __future__ import annotations

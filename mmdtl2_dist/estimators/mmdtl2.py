@@ -96,7 +96,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     auto_ : dict or None
         With ``select="auto"``: the rule's version, pick, pool size, the number of
         unlabelled targets and of those self-trained into the fit (``pseudo_labelled``),
-        and its table (:meth:`mmdtl2_dist.core.auto.AutoChoice.record`).
+        the check of self-training on its folds (``self_training_check``: gain and
+        standard error, or None) and its table
+        (:meth:`mmdtl2_dist.core.auto.AutoChoice.record`).
     n_unlabelled_target_ : int
         Unlabelled target samples given to ``fit``.
     """
