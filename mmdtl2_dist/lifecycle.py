@@ -17,6 +17,17 @@ from collections.abc import Callable
 CHECK_S = 1.0
 
 
+def process_runs(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie not yet reaped counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 def when_parent_is_gone(parent: int, then: Callable[[], None], name: str) -> None:
     """Call ``then()`` in a daemon thread once ``parent`` is no longer this process's parent.
 

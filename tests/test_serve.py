@@ -356,3 +356,32 @@ def test_a_port_out_of_range_is_a_usage_error(port, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "argument -p/--port:" in err and "Traceback" not in err
+
+
+WORKER = """
+import signal, sys, time
+from mmdtl2_dist.deploy.serve import stop_when_orphaned
+signal.signal(signal.SIGTERM, lambda *a: (print("stopped", flush=True), sys.exit(0)))
+stop_when_orphaned(int(sys.argv[1]))
+time.sleep(5)
+print("still serving", flush=True)
+"""
+
+
+def test_a_worker_whose_server_died_while_it_loaded_stops_at_once():
+    """A server SIGKILLed while a worker still loaded its model: the worker, re-parented
+    before it could watch its server, stops instead of serving on its port forever. A
+    worker naming a server that runs but is not its parent is left alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for server, expected in ((gone.pid, "stopped"), (sibling.pid, "still serving")):
+            out = subprocess.run(
+                [sys.executable, "-c", WORKER, str(server)],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert out.stdout.strip() == expected, out.stderr
+    finally:
+        sibling.kill()
+        sibling.wait()

@@ -246,12 +246,16 @@ def stop_when_orphaned(server_pid: int) -> None:
 
     A server killed outright (SIGKILL, the OOM killer) cannot stop its workers, which
     would otherwise go on answering on its port with the model it served. Nothing is
-    watched in the server's own process (one worker: uvicorn serves in-process).
+    watched in the server's own process (one worker: uvicorn serves in-process). A worker
+    that finds its server gone already (killed while the worker loaded its model) stops
+    at once.
     """
-    from mmdtl2_dist.lifecycle import when_parent_is_gone
+    from mmdtl2_dist.lifecycle import process_runs, when_parent_is_gone
 
-    if server_pid <= 0 or server_pid == os.getpid() or os.getppid() != server_pid:
-        return  # the server's own process, or not a worker it started
+    if server_pid <= 0 or server_pid == os.getpid():
+        return  # the server's own process
+    if os.getppid() != server_pid and process_runs(server_pid):
+        return  # not a worker the server started: it runs, and is not this one's parent
 
     def stop() -> None:
         print(
