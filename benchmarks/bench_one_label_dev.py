@@ -16,7 +16,9 @@ correctness); the guarded rules (the rule's own guard: an alternative replaces F
 mean paired hinge gain exceeds one standard error) are scored on those records.
 
 Candidates: F; S (identity prior, weight 1); S½ (identity, weight 0.5); D (shared PCA
-``d = 4C``, weight 0.5); N (the source SVM on source and labelled targets). Splits: the
+``d = 4C``, weight 0.5); N (the source SVM on source and labelled targets); N′ (identity
+prior, weight 1, ``c_f = 100``: ``W`` held near ``I``). ``--pixels`` runs the same on the
+raw-pixel shifts of ``bench_rule_pixels.py`` (``DIR`` holds its data; its ``dev`` seed). Splits: the
 ``dev`` set of ``bench_rule_dev.py`` (seed 2027) at one label per class; Hoffman's
 splits and the ``fresh*`` sets are not read. One process per core, one BLAS thread each.
 Writes ``benchmarks/results/one_label_dev[_source_N].{json,md}``.
@@ -48,6 +50,7 @@ CANDIDATES = {
     "S½": ("mmdtl2", {**_ID, "prior_weight": 0.5}, None),
     "D": ("mmdtl2", {**_PCA, "prior_weight": 0.5}, 4),
     "N": ("source_svm", {}, None),
+    "N'": ("mmdtl2", {**_ID, "prior_weight": 1.0, "c_f": 100.0}, None),
 }
 GROUPS = 3
 RULES = {  # name: (default, alternatives, signal)
@@ -57,6 +60,7 @@ RULES = {  # name: (default, alternatives, signal)
     "F guarded by S, N": ("F", ("S", "N"), "hinge"),
     "F guarded by S, N, D": ("F", ("S", "N", "D"), "hinge"),
     "F guarded by S, N (accuracy)": ("F", ("S", "N"), "hit"),
+    "F guarded by N'": ("F", ("N'",), "hinge"),
 }
 
 
@@ -69,23 +73,49 @@ def class_folds(yt: np.ndarray) -> list[np.ndarray]:
 def collect(job, data_dir: str, seed: int) -> dict:
     """Every candidate's test accuracy and leave-classes-out losses on one split."""
     with threadpool_limits(1):
-        pool, base, yq = split_problem(job, data_dir, seed)
-        n_classes, p = len(np.unique(np.r_[base.ys, base.yt])), pool.Kyy.shape[0]
-        idx, folds = np.arange(len(base.yt)), class_folds(base.yt)
-        rec = {"job": list(job), "acc": {}, "hinge": {}, "hit": {}, "ref": {}}
-        for name, (method, params, per_class) in CANDIDATES.items():
-            d = None if per_class is None else min(per_class * n_classes, p - 1)
-            pmap = candidate_map(pool, d, np.ones(p, bool))
-            prob = pool_problem(pool, base.ys, base.yt, pmap)
-            rec["acc"][name] = float(np.mean(fit_predict(method, params, prob).y_pred == yq))
-            rec["hinge"][name], rec["hit"][name] = [], []
-            for held in folds:
-                fit = fit_predict(method, params, sub_problem(prob, np.setdiff1d(idx, held), held))
-                y = base.yt[held]
-                rec["hinge"][name] += multiclass_hinge(fit.scores, fit.classes, y).tolist()
-                rec["hit"][name] += (fit.y_pred == y).astype(int).tolist()
-        for m in ("source_svm", "target_svm"):
-            rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
+        return candidate_records(job, *split_problem(job, data_dir, seed))
+
+
+def collect_pixels(job, data_dir: str, seed: int) -> dict:
+    """:func:`collect` on a split of ``bench_rule_pixels.py`` (job ``["pixels", shift,
+    split]``): every source image, one random labelled target per class, the other
+    targets unlabelled and scored, ``l2_zscore`` per device."""
+    from bench_rule_pixels import SHIFTS as PIXEL_SHIFTS
+    from bench_rule_pixels import labelled_rows, load_shift
+
+    from mmdtl2_dist.core.preprocessing import fit_preprocessing
+    from mmdtl2_dist.core.priors import SamplePool
+
+    _, shift, split = job
+    with threadpool_limits(1):
+        Xs, ys, Xt, yt = load_shift(Path(data_dir), shift)
+        rng = np.random.default_rng([seed, list(PIXEL_SHIFTS).index(shift), 1, split])
+        lab = labelled_rows(yt, 1, rng)
+        rest = np.setdiff1d(np.arange(len(yt)), lab)
+        Zs = fit_preprocessing(Xs, "l2_zscore").transform(Xs)
+        Zt = fit_preprocessing(Xt, "l2_zscore").transform(Xt)
+        pool = SamplePool(Zs @ Zs.T, Zt @ Zt.T, Zs @ Zt.T, np.arange(len(Zs)), lab, rest)
+        return candidate_records(job, pool, pool.problem(ys, yt[lab]), yt[rest])
+
+
+def candidate_records(job, pool, base, yq) -> dict:
+    """Each candidate's test accuracy on the split and its leave-classes-out losses."""
+    n_classes, p = len(np.unique(np.r_[base.ys, base.yt])), pool.Kyy.shape[0]
+    idx, folds = np.arange(len(base.yt)), class_folds(base.yt)
+    rec = {"job": list(job), "acc": {}, "hinge": {}, "hit": {}, "ref": {}}
+    for name, (method, params, per_class) in CANDIDATES.items():
+        d = None if per_class is None else min(per_class * n_classes, p - 1)
+        pmap = candidate_map(pool, d, np.ones(p, bool))
+        prob = pool_problem(pool, base.ys, base.yt, pmap)
+        rec["acc"][name] = float(np.mean(fit_predict(method, params, prob).y_pred == yq))
+        rec["hinge"][name], rec["hit"][name] = [], []
+        for held in folds:
+            fit = fit_predict(method, params, sub_problem(prob, np.setdiff1d(idx, held), held))
+            y = base.yt[held]
+            rec["hinge"][name] += multiclass_hinge(fit.scores, fit.classes, y).tolist()
+            rec["hit"][name] += (fit.y_pred == y).astype(int).tolist()
+    for m in ("source_svm", "target_svm"):
+        rec["ref"][m] = float(np.mean(fit_predict(m, {}, base).y_pred == yq))
     return rec
 
 
@@ -105,7 +135,10 @@ def pick(rec: dict, default: str, alternatives, signal: str) -> str:
 def summary(records: list[dict]) -> str:
     """Per rule: mean over shifts, worst shift and shifts lost against max(source SVM,
     target SVM) (lost: more than one standard error below it), fits, picks."""
-    shift = lambda r: f"{r['job'][0]}:{r['job'][1][0].upper()}→{r['job'][2][0].upper()}"  # noqa: E731
+    shift = lambda r: (  # noqa: E731
+        f"pixels:{r['job'][1]}" if r["job"][0] == "pixels"
+        else f"{r['job'][0]}:{r['job'][1][0].upper()}→{r['job'][2][0].upper()}"
+    )  # fmt: skip
     by_shift: dict = {}
     for r in records:
         by_shift.setdefault(shift(r), []).append(r)
@@ -144,23 +177,35 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=20)
     ap.add_argument("--source-per-class", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--pixels", action="store_true", help="DIR holds bench_rule_pixels' data")
     args = ap.parse_args()
     data_dir = str(args.data.resolve())
     vary = {"source_per_class": args.source_per_class} if args.source_per_class else None
-    jobs = jobs_for(list(DATASETS), data_dir, [1], args.splits, [vary])
+    if args.pixels:
+        from bench_rule_pixels import SEEDS as PIXEL_SEEDS
+        from bench_rule_pixels import SHIFTS as PIXEL_SHIFTS
+
+        seed, run = PIXEL_SEEDS["dev"], collect_pixels
+        jobs = [["pixels", s, k] for s in PIXEL_SHIFTS for k in range(args.splits)]
+    else:
+        seed, run = SEEDS["dev"], collect
+        jobs = jobs_for(list(DATASETS), data_dir, [1], args.splits, [vary])
     t0 = time.perf_counter()
     with Pool(args.workers) as workers:
-        records = workers.starmap(collect, [(j, data_dir, SEEDS["dev"]) for j in jobs])
+        records = workers.starmap(run, [(j, data_dir, seed) for j in jobs])
     command = f"python benchmarks/bench_one_label_dev.py --data DIR --splits {args.splits}"
     if args.source_per_class:
         command += f" --source-per-class {args.source_per_class}"
+    if args.pixels:
+        command += " --pixels"
     meta = {
         "command": command,
         "machine": f"{platform.machine()}, {args.workers} processes, 1 BLAS thread each",
         "wall_s": time.perf_counter() - t0,
-        "split_set": f"dev (seed {SEEDS['dev']}), 1 labelled target per class",
+        "split_set": f"dev (seed {seed}), 1 labelled target per class",
     }
     stem = "one_label_dev" + (f"_source_{args.source_per_class}" if args.source_per_class else "")
+    stem += "_pixels" if args.pixels else ""
     out = Path(__file__).parent / "results" / stem
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "records": records}))
     text = f"# `{command}` ({len(jobs)} splits, {meta['wall_s']:.0f} s)\n\n{summary(records)}\n"
