@@ -85,7 +85,7 @@ import numpy as np
 
 from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
-from mmdtl2_dist.core.priors import PoolMap, SamplePool
+from mmdtl2_dist.core.priors import PoolMap, SamplePool, pool_problem
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 from mmdtl2_dist.core.self_training import (
     self_trained_fold_hinge,
@@ -265,14 +265,6 @@ def candidate_map(pool: SamplePool, d: int | None, learn: np.ndarray) -> PoolMap
     A = np.zeros((len(learn), basis.A.shape[1]))
     A[learn] = basis.A
     return PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
-
-
-def pool_problem(
-    pool: SamplePool, ys, yt, pmap: PoolMap | None, *, test_gram: bool = True
-) -> GramProblem:
-    """The split's problem on ``pool``'s rows, with the blocks of the prior map ``pmap``."""
-    blocks = None if pmap is None else pmap.blocks(pool)
-    return pool.problem(ys, yt, blocks, test_gram=test_gram)
 
 
 def fold_fits(method: str, params: Mapping, prob: GramProblem, unl: GramProblem, folds):

@@ -307,6 +307,14 @@ class PoolMap:
         return out
 
 
+def pool_problem(
+    pool: SamplePool, ys, yt, pmap: PoolMap | None, *, test_gram: bool = True
+) -> GramProblem:
+    """The split's problem on ``pool``'s rows, with the blocks of the prior map ``pmap``."""
+    blocks = None if pmap is None else pmap.blocks(pool)
+    return pool.problem(ys, yt, blocks, test_gram=test_gram)
+
+
 def subspace_alignment_map(
     pool: SamplePool,
     d: int,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from mmdtl2_dist.core.methods import fit_predict
-from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.priors import SamplePool, pool_problem
 from mmdtl2_dist.core.selection import multiclass_hinge
 
 
@@ -86,7 +86,6 @@ def self_trained_fold_hinge(
         train = np.setdiff1d(idx, held)
         fold_pool = pool.with_rows(target_train=lab[train], target_test=lab[held])
         grown, grown_y, _, _ = self_training_pool(fold_pool, yt[train], unl, scores, classes, times)
-        blocks = None if pmap is None else pmap.blocks(grown)
-        res = fit_predict(method, params, grown.problem(ys, grown_y, blocks, test_gram=False))
+        res = fit_predict(method, params, pool_problem(grown, ys, grown_y, pmap, test_gram=False))
         losses.append(multiclass_hinge(res.scores, res.classes, yt[held]))
     return np.concatenate(losses)
