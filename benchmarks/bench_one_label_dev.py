@@ -18,9 +18,9 @@ mean paired hinge gain exceeds one standard error) are scored on those records.
 Candidates: F; S (identity prior, weight 1); S½ (identity, weight 0.5); D (shared PCA
 ``d = 4C``, weight 0.5); N (the source SVM on source and labelled targets); N′ (identity
 prior, weight 1, ``c_f = 100``: ``W`` held near ``I``). ``--pixels`` runs the same on the
-raw-pixel shifts of ``bench_rule_pixels.py`` (``DIR`` holds its data; its ``dev`` seed). Splits: the
-``dev`` set of ``bench_rule_dev.py`` (seed 2027) at one label per class; Hoffman's
-splits and the ``fresh*`` sets are not read. One process per core, one BLAS thread each.
+raw-pixel shifts of ``bench_rule_pixels.py`` (``DIR`` holds its data). Splits: ``--set``
+names a split seed of ``bench_rule_dev.py`` (Office) or of ``bench_rule_pixels.py``
+(``--pixels``), ``dev`` by default, at one label per class; Hoffman's splits are not read. One process per core, one BLAS thread each.
 Writes ``benchmarks/results/one_label_dev[_source_N].{json,md}``.
 """
 
@@ -67,7 +67,8 @@ RULES = {  # name: (default, alternatives, signal)
 def class_folds(yt: np.ndarray) -> list[np.ndarray]:
     """Rows of ``yt`` held out by each fold: the labelled targets of one class group."""
     classes = np.unique(yt)
-    return [np.flatnonzero(np.isin(yt, classes[j::GROUPS])) for j in range(GROUPS)]
+    groups = min(GROUPS, len(classes))
+    return [np.flatnonzero(np.isin(yt, classes[j::groups])) for j in range(groups)]
 
 
 def collect(job, data_dir: str, seed: int) -> dict:
@@ -178,6 +179,7 @@ def main() -> None:
     ap.add_argument("--source-per-class", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--pixels", action="store_true", help="DIR holds bench_rule_pixels' data")
+    ap.add_argument("--set", default="dev", help="the split seed's name (default dev)")
     args = ap.parse_args()
     data_dir = str(args.data.resolve())
     vary = {"source_per_class": args.source_per_class} if args.source_per_class else None
@@ -185,10 +187,10 @@ def main() -> None:
         from bench_rule_pixels import SEEDS as PIXEL_SEEDS
         from bench_rule_pixels import SHIFTS as PIXEL_SHIFTS
 
-        seed, run = PIXEL_SEEDS["dev"], collect_pixels
+        seed, run = PIXEL_SEEDS[args.set], collect_pixels
         jobs = [["pixels", s, k] for s in PIXEL_SHIFTS for k in range(args.splits)]
     else:
-        seed, run = SEEDS["dev"], collect
+        seed, run = SEEDS[args.set], collect
         jobs = jobs_for(list(DATASETS), data_dir, [1], args.splits, [vary])
     t0 = time.perf_counter()
     with Pool(args.workers) as workers:
@@ -198,14 +200,17 @@ def main() -> None:
         command += f" --source-per-class {args.source_per_class}"
     if args.pixels:
         command += " --pixels"
+    if args.set != "dev":
+        command += f" --set {args.set}"
     meta = {
         "command": command,
         "machine": f"{platform.machine()}, {args.workers} processes, 1 BLAS thread each",
         "wall_s": time.perf_counter() - t0,
-        "split_set": f"dev (seed {seed}), 1 labelled target per class",
+        "split_set": f"{args.set} (seed {seed}), 1 labelled target per class",
     }
     stem = "one_label_dev" + (f"_source_{args.source_per_class}" if args.source_per_class else "")
     stem += "_pixels" if args.pixels else ""
+    stem += "" if args.set == "dev" else f"_{args.set}"
     out = Path(__file__).parent / "results" / stem
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "records": records}))
     text = f"# `{command}` ({len(jobs)} splits, {meta['wall_s']:.0f} s)\n\n{summary(records)}\n"

@@ -110,7 +110,7 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 # (seed 2036) self-training validated on the folds (STV).
 SEEDS = {
     **SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032,
-    "fresh6": 2034, "fresh7": 2035, "fresh8": 2036,
+    "fresh6": 2034, "fresh7": 2035, "fresh8": 2036, "fresh9": 2037,
 }  # fmt: skip
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
