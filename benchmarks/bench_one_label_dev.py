@@ -20,8 +20,9 @@ Candidates: F; S (identity prior, weight 1); S½ (identity, weight 0.5); D (shar
 prior, weight 1, ``c_f = 100``: ``W`` held near ``I``). ``--pixels`` runs the same on the
 raw-pixel shifts of ``bench_rule_pixels.py`` (``DIR`` holds its data). Splits: ``--set``
 names a split seed of ``bench_rule_dev.py`` (Office) or of ``bench_rule_pixels.py``
-(``--pixels``), ``dev`` by default, at one label per class; Hoffman's splits are not read. One process per core, one BLAS thread each.
-Writes ``benchmarks/results/one_label_dev[_source_N].{json,md}``.
+(``--pixels``), ``dev`` by default, at one label per class; Hoffman's splits are not
+read. One process per core, one BLAS thread each. Writes
+``benchmarks/results/one_label_dev[_source_N][_pixels][_SET].{json,md}``.
 """
 
 from __future__ import annotations
