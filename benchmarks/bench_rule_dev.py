@@ -80,7 +80,7 @@ from threadpoolctl import threadpool_limits
 from mmdtl2_dist.core.auto import (
     ALTERNATIVES,
     DEFAULT,
-    NO_FOLDS,
+    ONE_LABEL_DEFAULT,
     candidate_map,
     default_and_alternatives,
     fit_predict_auto,
@@ -459,7 +459,7 @@ def explore_rules() -> dict:
 # in the product as ``mmdtl2_dist.core.auto``; here its candidates' labels, to score the
 # rule on the records of ``collect`` (``--rules``) without a fit.
 FROZEN = {
-    "no_folds": CANDIDATES_AUTO[NO_FOLDS].label,
+    "no_folds": CANDIDATES_AUTO[ONE_LABEL_DEFAULT].label,
     "default": CANDIDATES_AUTO[DEFAULT].label,
     "signal": "cv_hinge",
     "z": 1.0,
@@ -468,10 +468,11 @@ FROZEN = {
 
 def frozen_pick(rec, also=()) -> tuple[str, int]:
     """The frozen rule on a record (its labelled targets per class ``rec["job"][4]``):
-    without per-class folds its fold-free prior, else the default guarded against the
-    alternatives (:func:`~mmdtl2_dist.core.auto.default_and_alternatives`) and the record
-    labels ``also`` by the paired held-out hinge loss. Records need the target SVM's
-    (:func:`svm_cv`)."""
+    without per-class folds its one-label default F (the records hold no leave-classes-out
+    fits; ``bench_one_label_dev.py`` scores the one-label guard), else the default guarded
+    against the alternatives (:func:`~mmdtl2_dist.core.auto.default_and_alternatives`)
+    and the record labels ``also`` by the paired held-out hinge loss. Records need the
+    target SVM's (:func:`svm_cv`)."""
     if not rec["cv_hit"].get(FROZEN["default"]):
         return FROZEN["no_folds"], 1
     default, alternatives = default_and_alternatives(rec["job"][4])
@@ -665,7 +666,8 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
         rec["acc"][name], rec["cost"][name] = float(np.mean(r.y_pred == yq)), cost + 1
         rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
     fold_variants = [v for v in FOLD_SELF_TRAINING if v in wanted]
-    if choice.n_folds and fold_variants:
+    per_class = choice.fold_kind == "per_class"
+    if per_class and fold_variants:
         t0 = time.perf_counter()
         per_fold, classes = fold_scores(choice, pool, ys, yt)
         scores, scoring_s = np.mean(per_fold, axis=0), time.perf_counter() - t0
@@ -685,11 +687,11 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
             rec["acc"][name], rec["cost"][name] = float(np.mean(r.y_pred == yq)), cost
             rec["pseudo_precision"][name] = float(np.mean(labels == yq[rows]))
             rec["pseudo_n"][name] = len(rows)
-    for name in [] if choice.n_folds else fold_variants:  # no folds: the rule's F alone
+    for name in [] if per_class else fold_variants:  # one label: the rule's own pick
         rec["acc"][name], rec["cost"][name] = rec["acc"]["frozen rule"], cost
     if not {"ENS", "ENS+ST"} & set(wanted):
         return rec
-    if choice.n_folds == 0:
+    if not per_class:
         for name, same in (("ENS", "frozen rule"), ("ENS+ST", "ST")):
             rec["acc"][name], rec["cost"][name] = rec["acc"][same], rec["cost"][same]
         return rec
@@ -721,7 +723,9 @@ POST_HOC = "ST where validated"
 
 def st_where_validated(rec) -> tuple[float, int]:
     """The post-hoc variant's accuracy and cost on a record of :func:`collect_variants`."""
-    same = "ST" if rec["auto"]["n_folds"] else "frozen rule"
+    auto = rec["auto"]
+    validated = auto.get("folds", "per_class" if auto["n_folds"] else None) == "per_class"
+    same = "ST" if validated else "frozen rule"
     return rec["acc"][same], rec["cost"][same]
 
 

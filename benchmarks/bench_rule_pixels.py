@@ -103,8 +103,8 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     check on the folds (self-training as
     :func:`~mmdtl2_dist.core.auto.pseudo_labels_per_labelled` says, ``acc``; at 1 and 2
     pseudo-labels per labelled target, ``acc_st1``, ``acc_st2``) and without
-    self-training (``acc_nost``). With one label a class (no folds) the fold-free F is
-    compared with D and S fitted on the labelled targets alone.
+    self-training (``acc_nost``). With one label a class (leave-classes-out folds, no
+    self-training) F, N, D and S are fitted on the labelled targets alone.
     """
     from mmdtl2_dist.core import auto, self_training
     from mmdtl2_dist.core.methods import fit_predict
@@ -128,7 +128,8 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     acc, acc_nost, hinge, times = {}, {}, {}, {}
     acc_st, precision = {1: {}, 2: {}}, {1: {}, 2: {}}
     unl_pos = lambda rows: np.searchsorted(rest, rows)  # noqa: E731  pool rows -> test rows
-    for c in names if captured else ["F", "D", "S"]:
+    per_class = choice.fold_kind == "per_class"
+    for c in names if per_class else ["F", "N", "D", "S"]:
         pmap = auto.candidate_map(pool, auto.pca_dim(c, n_classes, p), np.ones(p, bool))
         method, params = auto.CANDIDATES[c].method, auto.rule_params(c, None)
 
@@ -137,7 +138,7 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
             return 100 * float(np.mean(res.y_pred == truth))
 
         acc_nost[c] = acc[c] = test_acc(pool, ytl)
-        if captured:
+        if per_class:
             h, scores, classes, _ = captured[names.index(c)]
             hinge[c] = h.tolist()
             times[c] = auto.pseudo_labels_per_labelled(int(counts.max()), float(h.mean()))

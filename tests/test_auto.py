@@ -23,11 +23,14 @@ from mmdtl2_dist.core.adapter import AdapterState
 from mmdtl2_dist.core.auto import (
     AUTO_RULE,
     CANDIDATES,
+    candidate_map,
+    class_group_folds,
     default_and_alternatives,
     fit_predict_auto,
     fold_fits,
     guarded_pick,
     paired_gain,
+    pca_dim,
     pool_problem,
     pseudo_labels_per_labelled,
     rule_params,
@@ -37,7 +40,7 @@ from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import SamplePool
-from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge
+from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 from mmdtl2_dist.core.self_training import (
     confident_pseudo_labels,
     self_trained_fold_hinge,
@@ -48,9 +51,16 @@ from mmdtl2_dist.estimators import MMDTL2
 
 DEV_SEED = 2027
 # (source, target, split, labelled per class): recorded pick, accuracy, mean held-out
-# hinge, pseudo-labelled targets (60 asked on these hard splits: held-out hinge ≥ 0.25)
+# hinge, pseudo-labelled targets (60 asked on these hard splits: held-out hinge ≥ 0.25;
+# none at one label a class). The one-label records are those of
+# ``benchmarks/bench_one_label_dev.py`` on the same splits (its F and N′).
 RECORDED = {
-    ("webcam", "dslr", 0, 1): ("F", 0.673469387755102, {}, 0),
+    ("webcam", "dslr", 0, 1): (
+        "F", 0.673469387755102, {"F": 0.7122316335114156, "N": 0.7349914179987174}, 0,
+    ),
+    ("webcam", "dslr", 1, 1): (
+        "N", 0.7346938775510204, {"F": 1.0424520177130516, "N": 0.8708073685861727}, 0,
+    ),
     ("webcam", "dslr", 0, 3): (
         "S", 0.6771653543307087,
         {"D": 0.7457993499288251, "O": 0.9275392114104135, "S": 0.6364428942891064}, 60,
@@ -101,9 +111,12 @@ def test_auto_reproduces_recorded_dev_picks(split):
     assert got == pytest.approx(hinge, rel=1e-6)
     rec = res.info["auto"]
     assert rec["rule"] == AUTO_RULE and rec["pool_size"] == pool.Kyy.shape[0]
-    # 9 fold fits, 3 self-trained fold fits (the check kept self-training here), the final
-    assert res.info["n_fits"] == (1 if pick == "F" else 13)
-    assert (rec["self_training_check"] is None) == (pick == "F")
+    # 9 fold fits, 3 self-trained fold fits (the check kept self-training here), the final;
+    # at one label a class 6 leave-classes-out fold fits and the final, no self-training
+    one_label = split[3] == 1
+    assert res.info["n_fits"] == (7 if one_label else 13)
+    assert rec["folds"] == ("class_groups" if one_label else "per_class")
+    assert (rec["self_training_check"] is None) == one_label
     # self-training where folds validated the pick: 6 unlabelled targets per class asked,
     # fewer in a class that fewer unlabelled targets are predicted as
     assert rec["pseudo_labelled"] == n_pseudo
@@ -270,6 +283,7 @@ def test_with_more_than_10_labels_in_every_class_the_target_svm_is_the_default()
     """Dev: the target SVM as the default lost at 3 and 10 labels a class, won at 20, 40."""
     assert default_and_alternatives(10) == ("D", ("O", "S"))
     assert default_and_alternatives(11) == ("O", ("D", "S"))
+    assert default_and_alternatives(1) == default_and_alternatives(1, False) == ("F", ("N",))
     h = np.array([1.0, 0.8, 1.2, 1.0])
     # the default stays unless an alternative gains more than its standard error
     assert (
@@ -360,11 +374,53 @@ def test_an_easy_split_self_trains_with_as_many_pseudo_labels_as_labels():
     assert len(select_auto(pool, ys, yt).pseudo_rows) > len(yt)
 
 
-def test_one_label_per_class_takes_the_fold_free_prior_not_the_zero_prior():
-    pool, ys, yt, _ = dev_split("webcam", "dslr", 0, 1)
+def test_one_label_per_class_guards_the_shared_pca_prior_on_leave_classes_out_folds():
+    """F (never the zero prior) unless N's held-out hinge gain exceeds its standard error;
+    the table equals the folds fitted by hand, each held-out target of a class its fold
+    fit has no label of."""
+    pool, ys, yt, _ = dev_split("webcam", "dslr", 1, 1)
     choice = select_auto(pool, ys, yt)
-    assert choice.pick == "F" and choice.params["prior_weight"] == 1.0
-    assert choice.pca_dim == 20 and choice.n_folds == 0
+    assert choice.n_folds == 3 and choice.fold_kind == "class_groups"
+    hinge = {}
+    for c in ("F", "N"):
+        pmap = candidate_map(pool, pca_dim(c, 10, pool.Kyy.shape[0]), np.ones(len(pool.Kyy), bool))
+        prob = pool_problem(pool, ys, yt, pmap, test_gram=False)
+        losses = []
+        for g in range(3):  # classes g, g + 3, g + 6, ... held out
+            held = np.flatnonzero(np.unique(yt, return_inverse=True)[1] % 3 == g)
+            fit = fit_predict(
+                "mmdtl2",
+                rule_params(c, None),
+                sub_problem(prob, np.setdiff1d(np.arange(10), held), held),
+            )
+            assert not np.isin(yt[held], np.delete(yt, held)).any()
+            losses.append(multiclass_hinge(fit.scores, fit.classes, yt[held]))
+        hinge[c] = np.concatenate(losses)
+    got = {row["candidate"]: row["cv_hinge"] for row in choice.table}
+    assert got == pytest.approx({c: h.mean() for c, h in hinge.items()}, rel=1e-9)
+    gain, se = paired_gain(hinge["F"], hinge["N"])
+    assert gain > se and choice.pick == "N"
+    assert choice.params["c_f"] == 100.0 and choice.params["prior"] == "identity"
+    assert choice.pca_dim is None and choice.pseudo_per_labelled == 0
+    pool, ys, yt, _ = dev_split("webcam", "dslr", 0, 1)  # N's gain below its se: F, d = 2C
+    choice = select_auto(pool, ys, yt)
+    assert choice.pick == "F" and choice.params["prior_weight"] == 1.0 and choice.pca_dim == 20
+
+
+def test_leave_classes_out_folds():
+    """Sorted classes in min(3, C) groups; classes the source lacks are never held out;
+    fewer than two classes to hold out: no folds (F alone, one fit)."""
+    yt = np.array([7, 2, 5, 9, 2, 4])
+    folds = class_group_folds(yt, ys=np.arange(10))  # classes 2 4 5 7 9
+    assert [yt[f].tolist() for f in folds] == [[7, 2, 2], [9, 4], [5]]
+    folds = class_group_folds(yt, ys=np.array([2, 9]))
+    assert [yt[f].tolist() for f in folds] == [[2, 2], [9]]
+    assert class_group_folds(yt, ys=np.array([2, 3])) == []
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(per_class=1)
+    keep = yt == 0
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt[keep], Xu), ys, yt[keep])
+    assert choice.pick == "F" and choice.n_folds == 0 and choice.fold_kind is None
+    assert res.info["n_fits"] == 1
 
 
 def test_rule_parameters_cannot_be_overridden():
@@ -413,7 +469,7 @@ def test_estimator_auto_equals_the_core_rule_in_gram_form(per_class):
 def test_estimator_auto_shared_pca_transform_is_the_explicit_w():
     Xs, ys, Xt, yt, Xu, Xq, _ = auto_devices(per_class=1)
     est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
-    assert est.auto_["pick"] == "F" and isinstance(est._prior[0], LowRankMap)
+    assert est.auto_["pick"] == "F" and isinstance(est._prior[0], LowRankMap)  # not N here
     W = est.transform_matrix()
     np.testing.assert_allclose(est.transform(Xq), Xq @ W[:, :-1].T + W[:, -1], atol=1e-9)
     scores = est.transform(Xq) @ est.coef_source_.T + est.intercept_
