@@ -60,9 +60,10 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         (:mod:`mmdtl2_dist.core.auto`, version ``AUTO_RULE``): it chooses ``prior``,
         ``prior_weight`` and ``c_f`` (the estimator's values of those, and ``W0``, are not
         used) among a shared-PCA prior learned from the source samples and every target
-        sample given (labelled and unlabelled), the identity prior and the target SVM
-        (no adaptation: the linear target SVM with ``c_t = 1`` whatever the estimator's
-        ``c_t`` and kernel, ``transform`` then the identity); one feature space for both
+        sample given (labelled and unlabelled), the identity prior (with ``c_f = 100``
+        too, at one labelled sample in some class) and the target SVM (no adaptation:
+        the linear target SVM with ``c_t = 1`` whatever the estimator's ``c_t`` and
+        kernel, ``transform`` then the identity); one feature space for both
         devices. Otherwise, if given, candidate parameter
         sets, or the name of a grid of
         :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the prior's
