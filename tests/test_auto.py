@@ -24,18 +24,16 @@ from mmdtl2_dist.core.auto import (
     AUTO_RULE,
     CANDIDATES,
     candidate_map,
-    class_group_folds,
     default_and_alternatives,
     fit_predict_auto,
-    fold_fits,
     guarded_pick,
-    paired_gain,
     pca_dim,
     pool_problem,
     pseudo_labels_per_labelled,
     rule_params,
     select_auto,
 )
+from mmdtl2_dist.core.auto_folds import class_group_folds, fold_fits, paired_gain
 from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing

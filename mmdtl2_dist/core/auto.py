@@ -31,13 +31,13 @@ samples to be scored: the transductive protocol of the published methods).
 
 **The rule.** ``n`` is the smallest number of labelled target samples in a class. If
 ``n < 2`` no per-class fold can be formed: **leave-classes-out folds**
-(:func:`class_group_folds`: the labelled classes, sorted, in ``g = min(3, their number)``
-groups, fold ``j`` holding out the labelled targets of group ``j``, so that each held-out
-target is of a class its fold fit has no label of: what the source must carry when labels
-are that few), F guarded by N with the guard below, no self-training; 7 fits. On dev this
-took N where F lost up to 5 points to the source SVM (COIL20 pixels; Office-Caltech10 with
-every source image) and kept F where F gained (digits). With labelled targets of a single
-class, F alone, one fit.
+(:func:`~mmdtl2_dist.core.auto_folds.class_group_folds`: the labelled classes that the
+source has, sorted, in ``g = min(3, their number)`` groups, fold ``j`` holding out the
+labelled targets of group ``j``, so that each held-out target is of a class its fold fit
+has no label of: what the source must carry when labels are that few), F guarded by N
+with the guard below, no self-training; 7 fits. On dev this took N where F lost up to 5
+points to the source SVM (COIL20 pixels; Office-Caltech10 with every source image) and
+kept F where F gained (digits). With fewer than two such classes, F alone, one fit.
 Otherwise ``min(n, 3)`` per-class folds in canonical order
 (:func:`~mmdtl2_dist.core.selection.cv_folds`, fold ``j`` holds out the ``j``-th sample of
 every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O and S are fitted
@@ -81,21 +81,25 @@ SVM as the rule's alternative (O)", "Self-training validated on the folds (STV)"
 one-label guard (G1)", which also give the earlier versions).
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
-here, not parameters.
+here and in :mod:`mmdtl2_dist.core.auto_folds` (its folds), not parameters.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmdtl2_dist.core.auto_folds import (
+    fold_fits,
+    paired_gain,
+    rule_folds,
+)
 from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
 from mmdtl2_dist.core.priors import PoolMap, SamplePool, pool_problem
-from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 from mmdtl2_dist.core.self_training import (
     self_trained_fold_hinge,
     self_training_pool,
@@ -103,8 +107,6 @@ from mmdtl2_dist.core.self_training import (
 )
 
 AUTO_RULE = "auto-2026-11-28-g1"
-MAX_FOLDS = 3
-CLASS_GROUPS = 3  # leave-classes-out folds at one labelled target a class
 HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
 DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
 # Labelled targets per class above which labels are "many": the target SVM is the default
@@ -285,42 +287,6 @@ def candidate_map(pool: SamplePool, d: int | None, learn: np.ndarray) -> PoolMap
     return PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
 
 
-def fold_fits(method: str, params: Mapping, prob: GramProblem, unl: GramProblem, folds):
-    """The CV's fits of one candidate: held-out hinge losses, fold-averaged scores.
-
-    The candidate is fitted by the core's ``method`` with ``params``. Returns every
-    held-out sample's multiclass hinge loss (folds in order), the fold fits' decision
-    scores on ``unl``'s scored rows (the unlabelled targets) averaged over the folds
-    (``None`` if there are none), the classes, and each fold's own scores. Each fold is
-    one fit that scores its held-out rows and the unlabelled rows together.
-    """
-    idx, hinge, scores = np.arange(len(prob.yt)), [], []
-    for held in folds:
-        train = np.setdiff1d(idx, held)
-        fold = also_scoring(sub_problem(prob, train, held), unl, train)
-        res = fit_predict(method, params, fold)
-        hinge.append(multiclass_hinge(res.scores[: len(held)], res.classes, prob.yt[held]))
-        scores.append(res.scores[len(held) :])
-    mean = np.mean(scores, axis=0) if len(unl.sq_q) else None
-    return np.concatenate(hinge), mean, res.classes, scores
-
-
-def also_scoring(fold: GramProblem, unl: GramProblem, train: np.ndarray) -> GramProblem:
-    """``fold`` also scoring ``unl``'s scored rows, after its own held-out rows.
-
-    ``fold`` has the split's labelled targets ``train``; ``unl`` is the same split and
-    prior with every labelled target.
-    """
-    if not len(unl.sq_q):
-        return fold
-    cat = lambda a, b: None if a is None else np.hstack([a, b])  # noqa: E731
-    return replace(
-        fold, Ktq=np.hstack([fold.Ktq, unl.Ktq[train]]), sq_q=np.r_[fold.sq_q, unl.sq_q],
-        Ksq=cat(fold.Ksq, unl.Ksq), Ksuq=cat(fold.Ksuq, unl.Ksuq),
-        Kuuq=None if fold.Kuuq is None else np.hstack([fold.Kuuq, unl.Kuuq[train]]), Kqq=None,
-    )  # fmt: skip
-
-
 def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     """Self-training's pseudo-labels per labelled target: 2 (hard shift), 1, or 0.
 
@@ -338,17 +304,6 @@ def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     if most_per_class > MANY_LABELS:
         return 0
     return 2 if most_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
-
-
-def paired_gain(h_default: np.ndarray, h_alt: np.ndarray) -> tuple[float, float]:
-    """Mean and standard error of ``h_d − h_a`` over the held-out samples.
-
-    ``h_d`` is the default's hinge loss, ``h_a`` the alternative's.
-    """
-    diff = np.asarray(h_default, float) - np.asarray(h_alt, float)
-    if diff.size < 2:
-        return 0.0, float("inf")
-    return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
 
 
 def default_and_alternatives(
@@ -370,33 +325,6 @@ def default_and_alternatives(
     if fewest_per_class > MANY_LABELS:
         return MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES
     return DEFAULT, ALTERNATIVES
-
-
-def class_group_folds(yt, ys) -> list[np.ndarray]:
-    """Leave-classes-out folds: each holds out the labelled targets of one class group.
-
-    The classes of the labelled targets that the labelled source also has (a fold fit
-    must be able to predict the classes it holds out), sorted, in
-    ``g = min(CLASS_GROUPS, their number)`` groups (group ``j``: every ``g``-th class from
-    the ``j``-th); fold ``j`` holds out the labelled targets of group ``j``. No folds (an
-    empty list) with fewer than two such classes.
-    """
-    yt = np.asarray(yt)
-    classes = np.intersect1d(yt, ys)
-    g = min(CLASS_GROUPS, len(classes))
-    return [np.flatnonzero(np.isin(yt, classes[j::g])) for j in range(g)] if g > 1 else []
-
-
-def rule_folds(pool: SamplePool, ys: np.ndarray, yt: np.ndarray) -> tuple[list, bool]:
-    """The rule's folds and whether they are per class (else leave-classes-out).
-
-    ``min(n, MAX_FOLDS)`` per-class folds in canonical order when every class has two
-    labelled targets or more, else :func:`class_group_folds`.
-    """
-    lab = pool.target_train
-    order = canonical_order(pool.Ktt[np.ix_(lab, lab)])
-    folds = cv_folds(yt, MAX_FOLDS, "per_class", order=order)
-    return (folds, True) if folds else (class_group_folds(yt, ys), False)
 
 
 def choice_table(names, dims, hinge, gains) -> list[dict]:

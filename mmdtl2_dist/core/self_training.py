@@ -78,7 +78,7 @@ def self_trained_fold_hinge(
     as the final fit would (:func:`self_training_pool`, ``times`` per labelled target of
     the fold), is fitted again on its labelled and pseudo-labelled targets, and scores its
     held-out targets: one loss per held-out sample, folds in order, as the rule's fold fits
-    (:func:`mmdtl2_dist.core.auto.fold_fits`).
+    (:func:`mmdtl2_dist.core.auto_folds.fold_fits`).
     ``unl`` are the unlabelled target rows the fold scores are of.
     """
     lab, idx, losses = pool.target_train, np.arange(len(yt)), []
