@@ -631,12 +631,12 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
       targets added (1× / 2× each class's labelled count, largest margins of the pick's
       final scores); one fit more than the frozen rule.
     - **ENS**: D, O and S refitted on all labelled targets, raw scores averaged (3 fits);
-      the frozen rule's F when a class has fewer than 2 labelled targets.
+      the rule's own pick when a class has fewer than 2 labelled targets.
     - **ENS+ST**: pseudo-labels (1×) from the ensemble's scores, then D, T, S refitted
       with them and averaged (6 fits); ST when a class has fewer than 2.
     - **STF**: pseudo-labels (1×) from the averaged scores of the pick's fold fits (the
       rule's own CV), then the pick fitted with them instead of the rule's final fit: the
-      frozen rule's cost. Where no fold exists, the frozen rule's F.
+      frozen rule's cost. Where no per-class fold exists, the rule's own pick.
     - **STF2**: STF with 2× pseudo-labels; **STF2A**: STF2 among the rows on which the
       three fold fits and their average predict the same class (:func:`agreeing_rows`).
 

@@ -8,9 +8,9 @@ refitting the pick's fold fits to score the unlabelled targets (the product scor
 in the CV's own fits). The reproduction tests rebuild three of those
 Office-Caltech10 SURF splits here (bundled data; the split generator is the benchmark's,
 re-typed) and check the product's pick, test accuracy and held-out hinge losses against
-the recorded values: one split per branch of the rule (F without folds, S and O moved to
-by the guard; the target SVM's held-out losses recorded by ``collect`` in
-``rule_dev_target_svm.json``).
+the recorded values: one split per branch of the rule (F and N on leave-classes-out
+folds at one label a class, S and O moved to by the guard; the target SVM's held-out
+losses recorded by ``collect`` in ``rule_dev_target_svm.json``).
 """
 
 from __future__ import annotations
@@ -518,3 +518,35 @@ def test_estimator_auto_target_svm_pick_equals_the_core_rule_and_maps_nothing():
     # the adapter's plain arrays (what the registry stores) give the same scores back
     back = AdapterState.from_arrays(*est.adapter_.to_arrays())
     np.testing.assert_array_equal(back.decision_function(Xq), est.decision_function(Xq))
+
+
+def test_a_one_label_pick_of_n_is_the_same_in_feature_and_gram_form(monkeypatch):
+    """Six classes, one label each: the guard moves to N; its fold fits score no unlabelled
+    target (no self-training at one label), and the estimator equals the Gram form."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=2, K=6, N=60, per_class=1)
+    scored, real = [], auto_module.fold_fits
+
+    def spy(method, params, prob, unl, folds):
+        scored.append(len(unl.sq_q))
+        return real(method, params, prob, unl, folds)
+
+    monkeypatch.setattr(auto_module, "fold_fits", spy)
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert choice.pick == est.auto_["pick"] == "N" and est.auto_["folds"] == "class_groups"
+    assert est.auto_["params"]["c_f"] == 100.0 and est.auto_["pseudo_labelled"] == 0
+    assert scored == [0, 0, 0, 0]  # F and N, feature and Gram form
+    np.testing.assert_allclose(est.decision_function(Xu), res.scores, rtol=1e-7, atol=1e-8)
+
+
+def test_one_label_folds_with_two_classes_and_with_mixed_label_counts():
+    """Two classes: two folds, 5 fits. One class with one label and the others with three:
+    leave-classes-out folds over every labelled target, not per-class folds."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(K=2, per_class=1)
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert choice.n_folds == 2 and res.info["n_fits"] == 5
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(per_class=3)
+    keep = np.r_[0, 3 : len(yt)]  # class 0 keeps one label
+    choice = select_auto(gram_pool(Xs, Xt[keep], Xu), ys, yt[keep])
+    assert choice.fold_kind == "class_groups" and choice.n_per_class == 1
+    assert [row["n_held_out"] for row in choice.table] == [len(keep)] * 2

@@ -1,7 +1,7 @@
 """``select="auto"``: the selection rule frozen on development data, on Gram matrices.
 
 The rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data"; its version
-string :data:`AUTO_RULE` is recorded with every result it produces) picks among four
+string :data:`AUTO_RULE` is recorded with every result it produces) picks among five
 candidates on one axis, how much to trust the source:
 
 - **D** (the default up to :data:`MANY_LABELS` labels a class): MMDTL2 with the
@@ -35,9 +35,11 @@ samples to be scored: the transductive protocol of the published methods).
 source has, sorted, in ``g = min(3, their number)`` groups, fold ``j`` holding out the
 labelled targets of group ``j``, so that each held-out target is of a class its fold fit
 has no label of: what the source must carry when labels are that few), F guarded by N
-with the guard below, no self-training; 7 fits. On dev this took N where F lost up to 5
-points to the source SVM (COIL20 pixels; Office-Caltech10 with every source image) and
-kept F where F gained (digits). With fewer than two such classes, F alone, one fit.
+with the guard below, no self-training; ``2g + 1`` fits (7 with three classes or more).
+On dev this took N on most COIL20 splits, where F lost 4-5 points to the source SVM, and
+on about a sixth of the Office-Caltech10 splits with every source image (where F lost up
+to 7 points and the guarded rule still loses up to 4), and kept F on the digits, where F
+gained. With fewer than two such classes, F alone, one fit.
 Otherwise ``min(n, 3)`` per-class folds in canonical order
 (:func:`~mmdtl2_dist.core.selection.cv_folds`, fold ``j`` holds out the ``j``-th sample of
 every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O and S are fitted
@@ -167,7 +169,7 @@ class AutoChoice:
     targets the labelled ones followed by the ``pseudo_rows`` (target pool rows) with
     their ``pseudo_labels``; ``n_unlabelled`` is
     the number of unlabelled target rows the rule could learn from (self-training chooses
-    among them when folds exist), ``pseudo_per_labelled`` how many it took per labelled
+    among them when per-class folds exist), ``pseudo_per_labelled`` how many it took per labelled
     target (:func:`pseudo_labels_per_labelled`; 0 without self-training, also when the
     check dropped it). ``self_training_check`` is the check's ``(gain, se)``: the mean
     held-out hinge loss the self-trained fold fits saved, and its standard error (``None``
@@ -189,7 +191,7 @@ class AutoChoice:
     n_unlabelled: int = 0
     pseudo_per_labelled: int = 0
     self_training_check: tuple[float, float] | None = None
-    fold_kind: str | None = "per_class"
+    fold_kind: str | None = None
     rule: str = AUTO_RULE
 
     @property

@@ -33,7 +33,7 @@ def select_auto_features(Xs, ys, Xt, yt, Xu=None, params: Mapping | None = None)
 
     Returns ``(choice, W0, added)``: ``added`` are the rows of ``Xu`` self-training
     labelled (``choice.pseudo_labels``, in order); ``W0`` is ``None`` for the
-    identity-prior pick (S) and the target SVM (O), and the shared-PCA projection ``P Pᵀ``
+    identity-prior picks (S, N) and the target SVM (O), and the shared-PCA projection ``P Pᵀ``
     as a :class:`~mmdtl2_dist.core.low_rank.LowRankMap` otherwise, with the basis
     ``P = Yᵀ A`` (``Y`` the pool's features, ``A`` the Gram-form coefficients of
     :func:`~mmdtl2_dist.core.gram_pca.pca_basis`), so that the feature-form fit equals the
