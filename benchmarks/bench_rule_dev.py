@@ -494,10 +494,11 @@ def source_subsample(pool: SamplePool, ys, job):
     return sub, ys[keep]
 
 
-def collect_frozen(job, data_dir, seed):
+def collect_frozen(job, data_dir, seed, params=None):
     """The frozen rule on one split, run by the product (``core/auto.py``,
-    :func:`~mmdtl2_dist.core.auto.fit_predict_auto`): its pick, its cost in fits and its
-    wall time against one fit of the pick, beside the reference SVMs."""
+    :func:`~mmdtl2_dist.core.auto.fit_predict_auto`, with the caller's MMDTL2 ``params``):
+    its pick, its cost in fits and its wall time against one fit of the pick, beside the
+    reference SVMs."""
     pool, base, yq = split_problem(job, data_dir, seed)
     rec = {"ref": {}, "acc": {}}
     for m in ("source_svm", "target_svm"):
@@ -506,7 +507,7 @@ def collect_frozen(job, data_dir, seed):
     if variation(job).get("rule_source") == "subsampled":
         rule_pool, rule_ys = source_subsample(pool, base.ys, job)
     t0 = time.perf_counter()
-    res, choice = fit_predict_auto(rule_pool, rule_ys, base.yt)
+    res, choice = fit_predict_auto(rule_pool, rule_ys, base.yt, params)
     t2 = time.perf_counter()
     pick = CANDIDATES_AUTO[choice.pick].label
     rec["acc"][pick] = float(np.mean(res.y_pred == yq))
@@ -819,6 +820,10 @@ def main() -> None:
         "--rule-source", choices=("subsampled",), default=None,
         help="prototype: the rule's source subsampled to 20 samples per class (--frozen)",
     )  # fmt: skip
+    ap.add_argument(
+        "--c-d", type=float, default=None,
+        help="the caller's c_d for the rule's MMDTL2 candidates (--frozen; default the core's)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
     ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
@@ -874,17 +879,21 @@ def main() -> None:
         suffix += f"_source_{args.source_per_class}"
     if args.rule_source:
         suffix += f"_{args.rule_source}"
+    if args.c_d is not None:
+        suffix += f"_cd{args.c_d:g}"
     args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}{suffix}.json"
     wanted = None if args.variants is None else tuple(args.variants or VARIANTS)
+    caller = None if args.c_d is None else {"c_d": args.c_d}
     run = (
         (lambda job, d, seed: collect_variants(job, d, seed, wanted)) if wanted
-        else collect_frozen if args.frozen else collect
+        else (lambda job, d, seed: collect_frozen(job, d, seed, caller)) if args.frozen
+        else collect
     )  # fmt: skip
-    if (args.classes or args.source_per_class or args.rule_source) and (
+    if (args.classes or args.source_per_class or args.rule_source or caller) and (
         not args.frozen or args.variants is not None
     ):
         ap.error(
-            "--classes, --source-per-class and --rule-source run the frozen rule only: "
+            "--classes, --source-per-class, --rule-source and --c-d run the frozen rule only: "
             "add --frozen and leave out --variants"
         )
     variations = [
@@ -921,6 +930,7 @@ def main() -> None:
         + ("" if not args.classes else " --classes " + " ".join(map(str, args.classes)))
         + ("" if not args.source_per_class else f" --source-per-class {args.source_per_class}")
         + (f" --rule-source {args.rule_source}" if args.rule_source else "")
+        + (f" --c-d {args.c_d:g}" if caller else "")
         + ("" if args.variants is None else " --variants " + " ".join(args.variants)).rstrip(),
         "datasets": datasets,
         "labels": args.labels,

@@ -70,7 +70,7 @@ def one_split(job) -> dict:
 
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
-    data, shift, n, split, seed, records = job
+    data, shift, n, split, seed, records, caller = job
     Xs, ys, Xt, yt = load_shift(Path(data), shift)
     rng = np.random.default_rng([seed, list(SHIFTS).index(shift), n, split])
     lab = labelled_rows(yt, n, rng)
@@ -78,7 +78,7 @@ def one_split(job) -> dict:
     out = {"shift": shift, "labels": n, "split": split}
     with threadpool_limits(1):
         models = {
-            "auto": MMDTL2(select="auto", preprocessing="l2_zscore"),
+            "auto": MMDTL2(select="auto", preprocessing="l2_zscore", **caller),
             "source_svm": SourceSVM(preprocessing="l2_zscore"),
             "target_svm": TargetSVM(preprocessing="l2_zscore"),
         }
@@ -183,9 +183,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--records", action="store_true",
                     help="also every candidate's accuracy had the rule picked it")  # fmt: skip
+    ap.add_argument("--c-d", type=float, default=None,
+                    help="the caller's c_d for the rule's MMDTL2 candidates")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/rule_pixels.json"))
     args = ap.parse_args()
-    jobs = [(str(args.data), s, n, k, SEEDS[args.set], args.records)
+    caller = {} if args.c_d is None else {"c_d": args.c_d}
+    jobs = [(str(args.data), s, n, k, SEEDS[args.set], args.records, caller)
             for s in args.shifts for n in args.labels for k in range(args.splits)]  # fmt: skip
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
