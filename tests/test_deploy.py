@@ -216,16 +216,19 @@ def test_model_layout_is_self_contained(study):
     assert "target_device: cam_b" in mlmodel and "- adenoma" in mlmodel
 
 
-def test_register_twice_moves_alias_only(fresh_study):
+def test_register_twice_moves_alias_only(fresh_study, capsys):
     uri = uri_of(fresh_study)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     assert main(["register", str(fresh_study), "--name", "m", "--quiet"]) == 0
+    assert "registered model" not in capsys.readouterr().err  # MLflow's notice dropped
     client.set_registered_model_alias("m", "stable", "1")
     v1 = client.get_model_version("m", "1")
     exp = client.get_experiment_by_name("mmdtl2-deploy_tiny")
     trials_before = client.search_runs([exp.experiment_id], f"tags.{ROLE_TAG} = 'trial'")
 
     assert main(["register", str(fresh_study), "--name", "m", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "already exists" not in err and "Created version" not in err
     versions = sorted(int(v.version) for v in client.search_model_versions("name = 'm'"))
     assert versions == [1, 2]
     rm = client.get_registered_model("m")
@@ -938,3 +941,16 @@ def test_a_parquet_features_column_of_unequal_lists_is_named(tmp_path):
         ValueError, match=r"'features' lists have different lengths \(\[2, 3\]\), first at row 2"
     ):
         list(iter_batches(path, 10))
+
+
+def test_registry_notices_are_dropped_and_other_lines_kept(capsys):
+    """Whole lines pass, split over writes or not; MLflow's notices do not; a last line
+    without its newline is flushed at the end."""
+    from mmdtl2_dist.commands.register import registry_notices_dropped
+
+    with registry_notices_dropped():
+        print("Successfully registered model 'm'.", file=sys.stderr)
+        sys.stderr.write("a warning, ")
+        sys.stderr.write("in two writes\nCreated version '2' of model 'm'.\n")
+        sys.stderr.write("unterminated")
+    assert capsys.readouterr().err == "a warning, in two writes\nunterminated"

@@ -25,8 +25,11 @@ Then ``mmdtl2 predict --model models:/polyp-adapter@champion features.npy``, or
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import shlex
+import sys
 import warnings
 
 from mmdtl2_dist.commands import (
@@ -133,7 +136,7 @@ def _register(args: argparse.Namespace, handle) -> int:
     with bar.ticking(fitting):
         fitted = fit_adapter(handle, (source, target), cfg)
     bar.say(bar.line(f"fitted on {fitted.n_source} + {fitted.n_target} samples"))
-    with bar.ticking("logging and registering the model"):
+    with bar.ticking("logging and registering the model"), registry_notices_dropped():
         mv = register_adapter(
             handle,
             cfg,
@@ -158,6 +161,54 @@ def _register(args: argparse.Namespace, handle) -> int:
         'or JPEG file>"]]}}'
     )
     return 0
+
+
+#: The starts of the lines MLflow's ``register_model`` prints to stderr (outside its
+#: logging, so its log level does not silence them); ``mmdtl2 register`` prints its own.
+REGISTRY_NOTICES = ("Successfully registered model ", "Registered model ", "Created version ")
+
+
+class LinesDropped(io.TextIOBase):
+    """A text stream passing whole lines on to ``out``, but not those with ``prefixes``.
+
+    Text that cannot start such a line (a progress line's carriage-return update) goes
+    on at once; a line that may is passed or dropped when its newline arrives (or at
+    :meth:`flush`).
+    """
+
+    def __init__(self, out, prefixes: tuple[str, ...]) -> None:
+        self.out, self.prefixes, self.pending = out, prefixes, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            if not line.startswith(self.prefixes):
+                self.out.write(line + "\n")
+        if not any(self.pending.startswith(p) or p.startswith(self.pending) for p in self.prefixes):
+            self.out.write(self.pending)
+            self.pending = ""
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending and not self.pending.startswith(self.prefixes):
+            self.out.write(self.pending)
+        self.pending = ""
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def registry_notices_dropped():
+    """Stderr without MLflow's registration notices (:data:`REGISTRY_NOTICES`) inside.
+
+    The command prints the version it registered itself, on stdout, and says nothing on
+    stderr with ``--quiet``. Every other line, warnings included, still reaches stderr.
+    """
+    stream = LinesDropped(sys.stderr, REGISTRY_NOTICES)
+    try:
+        with contextlib.redirect_stderr(stream):
+            yield
+    finally:
+        stream.flush()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
