@@ -824,6 +824,10 @@ def main() -> None:
         "--c-d", type=float, default=None,
         help="the caller's c_d for the rule's MMDTL2 candidates (--frozen; default the core's)",
     )  # fmt: skip
+    ap.add_argument(
+        "--pull-alternative", action="store_true",
+        help="dev variant: D with c_d = 0 as one more alternative (--frozen; pull_alternative.py)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
     ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
@@ -881,6 +885,11 @@ def main() -> None:
         suffix += f"_{args.rule_source}"
     if args.c_d is not None:
         suffix += f"_cd{args.c_d:g}"
+    if args.pull_alternative:
+        from pull_alternative import add_pull_alternative
+
+        add_pull_alternative()
+        suffix += "_pull_alternative"
     args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}{suffix}.json"
     wanted = None if args.variants is None else tuple(args.variants or VARIANTS)
     caller = None if args.c_d is None else {"c_d": args.c_d}
@@ -889,12 +898,12 @@ def main() -> None:
         else (lambda job, d, seed: collect_frozen(job, d, seed, caller)) if args.frozen
         else collect
     )  # fmt: skip
-    if (args.classes or args.source_per_class or args.rule_source or caller) and (
-        not args.frozen or args.variants is not None
-    ):
+    if (
+        args.classes or args.source_per_class or args.rule_source or caller or args.pull_alternative
+    ) and (not args.frozen or args.variants is not None):
         ap.error(
-            "--classes, --source-per-class, --rule-source and --c-d run the frozen rule only: "
-            "add --frozen and leave out --variants"
+            "--classes, --source-per-class, --rule-source, --c-d and --pull-alternative run the "
+            "frozen rule only: add --frozen and leave out --variants"
         )
     variations = [
         {
@@ -931,6 +940,7 @@ def main() -> None:
         + ("" if not args.source_per_class else f" --source-per-class {args.source_per_class}")
         + (f" --rule-source {args.rule_source}" if args.rule_source else "")
         + (f" --c-d {args.c_d:g}" if caller else "")
+        + (" --pull-alternative" if args.pull_alternative else "")
         + ("" if args.variants is None else " --variants " + " ".join(args.variants)).rstrip(),
         "datasets": datasets,
         "labels": args.labels,
