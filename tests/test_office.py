@@ -7,6 +7,7 @@ the README's table), bit for bit; ``benchmarks/check_office_numbers.py`` checks 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -41,7 +42,8 @@ def test_office_gives_the_stored_numbers_bit_for_bit(tmp_path, capsys):
     out = capsys.readouterr().out
     header = "| pair | " + " | ".join(c["label"] for c in COLUMNS) + " |"
     assert header in out and "| dslr->webcam |" in out and "| all pairs |" in out
-    assert "2 shifts x 1 splits" in out
+    assert "2 shifts x 1 split," in out
+    assert "of one split: no standard deviation" in out and " ± " not in out  # one split
     got = json.loads((tmp_path / "office_caltech10.json").read_text())
     acc, chosen = stored_accuracies()
     assert len(got["acc"]) == 2 * len(COLUMNS)
@@ -61,13 +63,20 @@ def test_office_gives_the_stored_numbers_bit_for_bit(tmp_path, capsys):
     [
         (["--methods", "MMDT"], "unknown column(s) ['MMDT']; choose from ['source SVM',"),
         (["--trials", "0"], "the number of splits (--trials) must be between 1 and 20, got 0."),
-        (["--shifts", "amazon"], "bad shift 'amazon'; use SRC-TGT with domains from"),
+        (["--shifts", "amazon"], "bad shift 'amazon'; use SRC-TGT (or 'SRC->TGT', quoted)"),
     ],
 )
 def test_office_bad_arguments_name_the_fix(tmp_path, capsys, args, message):
     assert main(["office", *args, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_office_shifts_in_either_form():
+    from mmdtl2_dist.commands.office import _shifts
+
+    args = argparse.Namespace(shifts=["amazon-webcam", "dslr->caltech"])
+    assert _shifts(args) == [("amazon", "webcam"), ("dslr", "caltech")]
 
 
 def test_office_lists_its_columns(capsys):

@@ -63,10 +63,12 @@ def _shifts(args: argparse.Namespace) -> list[tuple[str, str]]:
     if not args.shifts:
         return list(SHIFTS)
     shifts = []
-    for s in args.shifts:
-        parts = s.split("-")
+    for s in args.shifts:  # SRC-TGT, or SRC->TGT as the tables print it
+        parts = s.replace("->", "-").split("-")
         if len(parts) != 2 or parts[0] not in DOMAINS or parts[1] not in DOMAINS:
-            raise ValueError(f"bad shift {s!r}; use SRC-TGT with domains from {DOMAINS}.")
+            raise ValueError(
+                f"bad shift {s!r}; use SRC-TGT (or 'SRC->TGT', quoted) with domains from {DOMAINS}."
+            )
         shifts.append((parts[0], parts[1]))
     return shifts
 
@@ -105,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
         results = office_results(spec)
     wall = rep["timing"]["study_wall_s"]
     print(rep["summary"])
-    print(f"\n{len(shifts)} shifts x {n_splits} splits, {wall:.0f} s wall time.")
+    plural = lambda n, word: f"{n} {word}{'s' * (n != 1)}"  # noqa: E731
+    print(
+        f"\n{plural(len(shifts), 'shift')} x {plural(n_splits, 'split')}, {wall:.0f} s wall time."
+    )
     if args.out:
         (args.out / "office_caltech10.md").write_text(rep["summary"] + "\n")
         serial = {"columns": results["columns"], "wall_s": wall, **results}

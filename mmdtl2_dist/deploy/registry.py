@@ -251,7 +251,7 @@ def version_description(handle, cfg, fitted) -> str:
     method, params = deployed_method_and_params(cfg, fitted)
     p = json.dumps(params, sort_keys=True, default=str)
     s = (
-        f"MMDTL2 adapter {fitted.source} ({spec.source_space}) -> {fitted.target} "
+        f"Adapter {fitted.source} ({spec.source_space}) -> {fitted.target} "
         f"({spec.target_space}), {len(fitted.class_names)} classes, "
         f"{fitted.estimator.adapter_.n_features} target features, preprocessing "
         f"{spec.preprocessing}. Fitted on all {fitted.n_source} source and {fitted.n_target} "
@@ -286,7 +286,10 @@ def version_description(handle, cfg, fitted) -> str:
             for n, r in cfg.study_accuracy.items()
             if "accuracy" in r
         )
-        s += f". Study accuracy of this configuration (mean over pairs and splits): {acc}"
+        s += (
+            f". Study accuracy of this configuration (the study's mean over all its pairs "
+            f"and splits, not this pair's): {acc}"
+        )
     else:
         s += ". The study did not evaluate this configuration"
     return s + "."

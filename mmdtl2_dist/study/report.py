@@ -221,11 +221,13 @@ def caption(n_splits: int, ref_source: str | None, ref_target: str | None) -> st
         if ref
     ]
     tests = f" One-tailed Welch t-test at p < 0.01/0.05: {', '.join(marks)}." if marks else ""
+    if n_splits == 1:  # no spread, and no test, from one split
+        return "Accuracy (%) of one split: no standard deviation or t-test from a single split."
     return f"Accuracy (%): mean ± standard deviation over {n_splits} splits (ddof=1).{tests}"
 
 
 def _cell(r) -> str:
-    s = f"{r['mean']:.2f} ± {r['std']:.2f}"
+    s = f"{r['mean']:.2f}" + (f" ± {r['std']:.2f}" if r["n_splits"] > 1 else "")
     return f"{s} {r['marks']}" if r["marks"] else s
 
 
