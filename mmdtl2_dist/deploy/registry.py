@@ -288,7 +288,7 @@ def version_description(handle, cfg, fitted) -> str:
         )
         s += (
             f". Study accuracy of this configuration (the study's mean over all its pairs "
-            f"and splits, not this pair's): {acc}"
+            f"and splits): {acc}"
         )
     else:
         s += ". The study did not evaluate this configuration"
