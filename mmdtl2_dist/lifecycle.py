@@ -18,13 +18,19 @@ CHECK_S = 1.0
 
 
 def process_runs(pid: int) -> bool:
-    """Whether a process ``pid`` exists (a zombie not yet reaped counts)."""
+    """Whether process ``pid`` of this host may still run: True unless provably gone.
+
+    A zombie not yet reaped counts as running; so does another user's process, and a
+    ``pid`` that names no single process (``≤ 0``, or too large).
+    """
+    if pid <= 0:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # another user's
+    except (PermissionError, OverflowError):
+        return True
     return True
 
 

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmdtl2_dist.lifecycle import process_runs
 from mmdtl2_dist.store.layout import (
     FEATURES_GROUP,
     METADATA_FILE,
@@ -260,19 +261,6 @@ def _sibling(target: Path, role: str) -> Path:
     return target.parent / f".{target.name}.{role}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host may still run (True unless provably gone)."""
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
 def _dead_siblings(target: Path, role: str) -> list[Path]:
     """Siblings ``.<name>.<role>-<host>-<pid>-<token>`` of this host's dead processes."""
     pattern = re.compile(
@@ -283,7 +271,7 @@ def _dead_siblings(target: Path, role: str) -> list[Path]:
         return found
     for p in target.parent.iterdir():
         m = pattern.match(p.name)
-        if m and m["host"] == host and not _pid_alive(int(m["pid"])):
+        if m and m["host"] == host and not process_runs(int(m["pid"])):
             found.append(p)
     return found
 
