@@ -1,10 +1,12 @@
 """The coordinate sweeps of :mod:`mmdtl2_dist.core.dcd`, on a stored or an unbuilt Hessian.
 
-One randomised cyclic sweep visits every variable in a shuffled order and minimises the
-objective exactly in it (:func:`coordinate_step`), keeping the gradient ``g = Hx − f``
-up to date with the variable's row of ``H``: read from the array (:func:`dense_sweeps`)
-or made from the factors of ``diag(s)(A ⊗ B)diag(s)`` (:func:`kron_sweeps`,
-:class:`~mmdtl2_dist.core.kron.ScaledKron`). Compiled with numba (``cache=True``).
+One randomised cyclic sweep visits every variable and minimises the objective exactly in
+it (:func:`coordinate_step`), keeping the gradient ``g = Hx − f`` up to date: with the
+variable's row of a stored ``H`` (:func:`dense_sweeps`, a shuffled order), or, on the
+W-step's unbuilt ``diag(s)(A ⊗ B)diag(s)`` (:func:`kron_sweeps`,
+:class:`~mmdtl2_dist.core.kron.ScaledKron`), one target's ``K`` variables after another,
+whose steps reach the other targets' gradients together. Compiled with numba
+(``cache=True``).
 """
 
 from __future__ import annotations
@@ -41,18 +43,14 @@ def coordinate_step(gi, xi, lo, hi, hii):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _sweeps(H, A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
-    """Randomised cyclic coordinate descent on ``½xᵀHx − fᵀx`` in place.
+def _dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
+    """Randomised cyclic coordinate descent on ``½xᵀHx − fᵀx`` in place (``H`` stored).
 
-    ``H`` is the stored Hessian or, when it has no rows, ``diag(s) (A ⊗ B) diag(s)``
-    (``A``, ``B`` symmetric), whose row ``i = k M + m`` is made from row ``k`` of ``A``
-    and row ``m`` of ``B`` as it is used. ``g`` must hold ``Hx − f`` on entry and is kept
-    exact. Stops after the first sweep whose largest projected gradient is ``<= tol``.
+    ``g`` must hold ``Hx − f`` on entry and is kept exact, one row of ``H`` a step.
+    Stops after the first sweep whose largest projected gradient is ``<= tol``.
     Returns ``(sweeps, largest |pg|)``.
     """
     n = x.shape[0]
-    built = H.shape[0] > 0
-    K, M = A.shape[0], max(B.shape[0], 1)
     # numba's own generator (separate from NumPy's global state); Generator objects are
     # not supported inside compiled code.
     np.random.seed(seed)  # noqa: NPY002
@@ -65,10 +63,8 @@ def _sweeps(H, A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cove
         viol = 0.0
         for t in range(n):
             i = perm[t]
-            k, m = i // M, i % M
             xi = x[i]
-            hii = H[i, i] if built else A[k, k] * B[m, m] * (s[i] * s[i])
-            a, nx = coordinate_step(g[i], xi, lb[i], ub[i], hii)
+            a, nx = coordinate_step(g[i], xi, lb[i], ub[i], H[i, i])
             if a == 0.0:
                 continue
             if a > viol:
@@ -77,36 +73,93 @@ def _sweeps(H, A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cove
             if d == 0.0 or not np.isfinite(nx):
                 continue
             x[i] = nx
-            if built:
-                row = H[i]
-                for j in range(n):
-                    g[j] += d * row[j]
-                continue
-            ds, Bm = d * s[i], B[m]
-            for l in range(K):
-                c = ds * A[k, l]
-                if c == 0.0:
-                    continue
-                j0 = l * M
-                for q in range(M):
-                    g[j0 + q] += c * (Bm[q] * s[j0 + q])
+            row = H[i]
+            for j in range(n):
+                g[j] += d * row[j]
         if viol <= tol:
             break
     return ep, viol
 
 
-_NONE = np.zeros((0, 0))
+@njit(cache=True, nogil=True)
+def _target_block(A, B, s, g, x, lb, ub, m, w):  # pragma: no cover - compiled
+    """One step on each of target ``m``'s ``K`` variables, ``i = k M + m`` in class order.
+
+    Keeps the gradient of the block's own variables exact (their Hessian entries are
+    ``s_i Ā_kl B̄_mm s_j``) and adds each step, times ``s_i``, to ``w[k]``; the caller
+    carries the block's steps to the other targets. Returns the largest ``|pg|`` seen.
+    """
+    K, M = A.shape[0], B.shape[0]
+    bmm = B[m, m]
+    viol = 0.0
+    for k in range(K):
+        i = k * M + m
+        xi = x[i]
+        a, nx = coordinate_step(g[i], xi, lb[i], ub[i], A[k, k] * bmm * (s[i] * s[i]))
+        if a > viol:
+            viol = a
+        d = nx - xi
+        if a == 0.0 or d == 0.0 or not np.isfinite(nx):
+            continue
+        x[i] = nx
+        c = d * s[i]
+        w[k] += c
+        c *= bmm
+        for l in range(K):
+            g[l * M + m] += c * A[k, l] * s[l * M + m]
+    return viol
+
+
+@njit(cache=True, nogil=True)
+def _block_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
+    """Coordinate descent on ``diag(s) (Ā ⊗ B̄) diag(s)``, one target's block at a time.
+
+    A sweep visits the ``M`` targets in a shuffled order; at target ``m`` each of its
+    ``K`` variables takes its exact coordinate step (:func:`_target_block`), and then
+    the block's steps ``w`` reach every other target's gradient at once:
+    ``g_{ln} += s_{ln} (Ā w)_l B̄_mn``, ``O(K² + K M)`` for the block instead of
+    ``O(K · K M)`` one variable at a time. Same stopping rule and return as
+    :func:`_dense_sweeps`.
+    """
+    K, M = A.shape[0], B.shape[0]
+    np.random.seed(seed)  # noqa: NPY002
+    order = np.arange(M)
+    w = np.zeros(K)
+    viol = np.inf
+    ep = 0
+    while ep < max_epochs:
+        ep += 1
+        np.random.shuffle(order)  # noqa: NPY002
+        viol = 0.0
+        for t in range(M):
+            m = order[t]
+            w[:] = 0.0
+            viol = max(viol, _target_block(A, B, s, g, x, lb, ub, m, w))
+            Bm = B[m]
+            for l in range(K):
+                c = 0.0
+                for k in range(K):
+                    c += A[l, k] * w[k]
+                if c == 0.0:
+                    continue
+                j0 = l * M
+                for q in range(M):
+                    if q != m:
+                        g[j0 + q] += c * (Bm[q] * s[j0 + q])
+        if viol <= tol:
+            break
+    return ep, viol
 
 
 def dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):
     """The sweeps on a stored Hessian ``H`` (C-contiguous float64)."""
-    return _sweeps(H, _NONE, _NONE, np.zeros(0), g, x, lb, ub, tol, max_epochs, seed)
+    return _dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed)
 
 
 def kron_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):
     """The sweeps on ``diag(s) (A ⊗ B) diag(s)``, never built (``A``, ``B`` symmetric).
 
-    The same randomised steps in the same order for the same seed as on the stored
-    Hessian (the gradient's updates round differently).
+    Block by block (:func:`_block_sweeps`): each step is the stored Hessian's coordinate
+    step, taken in another order, and a sweep costs about ``K`` times less.
     """
-    return _sweeps(_NONE, A, B, s, g, x, lb, ub, tol, max_epochs, seed)
+    return _block_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed)
