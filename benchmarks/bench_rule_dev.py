@@ -107,10 +107,11 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 # ``fresh5`` (seed 2032) the guard's deterministic knife edge (PT); ``fresh6`` (seed 2034)
 # the target SVM as the rule's alternative (O) at 3, 10, 20 and 40 labels per class, and
 # ``fresh7`` (seed 2035) the target SVM as the default with many labels (O2), ``fresh8``
-# (seed 2036) self-training validated on the folds (STV).
+# (seed 2036) self-training validated on the folds (STV), ``fresh9`` (seed 2037) the
+# one-label guard (G1), ``fresh10`` (seed 2038) the pull validated by the guard (PA).
 SEEDS = {
     **SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032,
-    "fresh6": 2034, "fresh7": 2035, "fresh8": 2036, "fresh9": 2037,
+    "fresh6": 2034, "fresh7": 2035, "fresh8": 2036, "fresh9": 2037, "fresh10": 2038,
 }  # fmt: skip
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
