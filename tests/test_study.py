@@ -910,3 +910,29 @@ def test_local_workers_run_every_blas_on_one_thread_numpys_and_scipys():
         os.environ.update(env)
     blas = [i for i in info if i["user_api"] == "blas"]  # numpy's and scipy's, or one shared
     assert blas and {i["num_threads"] for i in blas} == {1}
+
+
+def test_every_commands_help_is_plain_text():
+    """``--help`` of every command and sub-command shows no reStructuredText markup (a
+    module docstring used as a description keeps it for the API docs): no double
+    backquotes, no ``::`` ending a line, no section underline."""
+    import argparse
+    import re
+
+    from mmdtl2_dist.cli import build_parser
+
+    def parsers(p):
+        yield p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from parsers(child)
+
+    seen = 0
+    for p in parsers(build_parser()):
+        text = p.format_help()
+        seen += 1
+        assert "``" not in text, p.prog
+        assert not re.search(r"::$", text, flags=re.MULTILINE), p.prog
+        assert not re.search(r"^-{3,}$", text, flags=re.MULTILINE), p.prog
+    assert seen > 15

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import re
+
+
+def help_text(doc: str) -> str:
+    """A module docstring as ``--help`` shows it: reStructuredText markup made plain.
+
+    ````x```` becomes ``x``, a line ending in ``::`` ends in ``:``, and a section title's
+    underline goes (the title ends in ``:``, as argparse's own headings do).
+    """
+    text = re.sub(r"``([^`]+)``", r"\1", doc)
+    text = re.sub(r"::$", ":", text, flags=re.MULTILINE)
+    return re.sub(r"^(\S[^\n]*)\n-{3,}$", r"\1:", text, flags=re.MULTILINE)
 
 
 def add_progress_option(p: argparse.ArgumentParser) -> None:

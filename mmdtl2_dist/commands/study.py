@@ -32,6 +32,7 @@ from pathlib import Path
 from mmdtl2_dist.commands import (
     add_quiet_options,
     add_tracking_uri_option,
+    help_text,
     progress_choice,
 )
 from mmdtl2_dist.study.executors import EXECUTORS
@@ -209,7 +210,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "study",
         help="run, resume and report studies (local worker processes or Ray Tune; MLflow)",
-        description=__doc__,
+        description=help_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="study_command", metavar="ACTION")
