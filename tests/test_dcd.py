@@ -398,8 +398,11 @@ def test_a_large_w_step_is_solved_unbuilt_with_the_built_ones_fit(monkeypatch):
     assert seen and set(seen) == {np.ndarray}
 
 
-@pytest.mark.parametrize("rank", [None, 2])
-def test_block_sweeps_descend_keep_the_gradient_and_reach_the_dense_optimum(rank):
+@pytest.mark.parametrize(
+    ("K", "M", "rank", "upper"),
+    [(4, 9, None, 1.5), (4, 9, 2, 1.5), (1, 7, None, np.inf), (6, 1, None, np.inf)],
+)
+def test_block_sweeps_descend_keep_the_gradient_and_reach_the_dense_optimum(K, M, rank, upper):
     """The unbuilt Hessian's sweeps (one target's ``K`` variables after another, their
     steps carried to the other targets together) against the stored Hessian's:
 
@@ -409,13 +412,15 @@ def test_block_sweeps_descend_keep_the_gradient_and_reach_the_dense_optimum(rank
       though the solver recomputes ``g`` after every round;
     - run to a projected gradient of 1e-9, they reach the objective of the stored sweeps
       run alike (1e-10 relative: both within ``tol`` of the optimum of a problem whose
-      objective has curvature ~1) and, where ``H`` is regular, the same point (1e-6).
+      objective has curvature ~1) and, where ``H`` is regular, the same point (1e-6);
+    - with one class or one target (a block of one variable, or one block), and with no
+      upper bound.
     """
     from mmdtl2_dist.core.sweeps import dense_sweeps, kron_sweeps
 
-    H, f, _ = _kron_problem(5, K=4, M=9, rank=rank)
+    H, f, _ = _kron_problem(5, K=K, M=M, rank=rank)
     dense = H.dense()
-    lb, ub = np.zeros(f.size), np.full(f.size, 1.5)
+    lb, ub = np.zeros(f.size), np.full(f.size, upper)
     x, g = np.zeros(f.size), -f.copy()
     last = 0.0
     for seed in range(6):

@@ -51,8 +51,10 @@ FIRST_POLISH_AT = 1e-5
 FIRST_SWEEP_BUDGET = 200
 # Sweeps of an unbuilt W-step Hessian (block by block, :func:`~mmdtl2_dist.core.sweeps.
 # kron_sweeps`) take about a fifth of the time of sweeps over the stored array (measured
-# on a 20-class W-step with 8,000 variables: 1.1 against 5.4 ms), while a polish costs
-# the same: such sweeps get this many times the budgets, first sweeps and total.
+# on a 20-class W-step with 8,000 variables: 1.0 against 5.2 ms), while a polish costs
+# the same: such sweeps get up to this many times the budgets, first sweeps and total,
+# and no more than their operation count's ratio ``K M / (K + M)`` (about 2 with two
+# classes, where a sweep is only that much cheaper).
 UNBUILT_SWEEP_BUDGET_FACTOR = 5
 # The polish goes on until the residual is below this fraction of the tolerance: the
 # exact optimum wherever the active set is identified (polished residuals are 1e-17 to
@@ -272,7 +274,7 @@ def dcd_box_qp(H, f, lb, ub, x0, tol, max_epochs=5_000, seed=0) -> DCDResult:
         Absolute projected-gradient tolerance.
     max_epochs : int
         Budget of sweeps over all variables, polish rounds included
-        (:data:`UNBUILT_SWEEP_BUDGET_FACTOR` times as many on an unbuilt Hessian).
+        (up to :data:`UNBUILT_SWEEP_BUDGET_FACTOR` times as many on an unbuilt Hessian).
     seed : int
         Seed of the sweep order (results are deterministic for a given seed).
 
@@ -291,7 +293,7 @@ def dcd_box_qp(H, f, lb, ub, x0, tol, max_epochs=5_000, seed=0) -> DCDResult:
         x, g, res = _polish_while_it_helps(H, f, x, g, res, lb, ub, exact)
     threshold = max(FIRST_POLISH_AT, tol)
     total = 0
-    factor = UNBUILT_SWEEP_BUDGET_FACTOR if isinstance(H, ScaledKron) else 1
+    factor = _sweep_budget_factor(H)
     for rnd in range(50):
         if res <= tol or total >= factor * max_epochs:
             break
@@ -306,6 +308,13 @@ def dcd_box_qp(H, f, lb, ub, x0, tol, max_epochs=5_000, seed=0) -> DCDResult:
         if viol <= threshold:
             threshold *= 0.1
     return DCDResult(x, total, res <= tol, res)
+
+
+def _sweep_budget_factor(H) -> int:
+    """How many times the sweep budgets ``H``'s sweeps get (1 on a stored Hessian)."""
+    if not isinstance(H, ScaledKron):
+        return 1
+    return max(1, min(UNBUILT_SWEEP_BUDGET_FACTOR, (H.K * H.M) // (H.K + H.M)))
 
 
 def _polish_while_it_helps(H, f, x, g, res, lb, ub, target):

@@ -7,10 +7,10 @@ target sample, ``K M`` in all, and its Hessian ``Y ((ΘᵀΘ) ⊗ G) Y`` has ``(
 needs the array:
 
 - a coordinate step on variable ``i = k M + m`` changes the gradient by ``δ`` times row
-  ``i``, whose entry ``j = l M + n`` is ``s_i Ā_kl B̄_mn s_j``: ``K M`` products from
-  row ``k`` of ``Ā`` and row ``m`` of ``B̄``
-  (:func:`~mmdtl2_dist.core.sweeps.kron_sweeps`), as many operations as reading a
-  stored row, from memory that stays in cache;
+  ``i``, whose entry ``j = l M + n`` is ``s_i Ā_kl B̄_mn s_j``. The sweeps
+  (:func:`~mmdtl2_dist.core.sweeps.kron_sweeps`) take the ``K`` steps of one target
+  ``m`` and then add their rows together, ``s_ln (Ā w)_l B̄_mn``: ``O(K² + K M)`` a target,
+  ``O(K M (K + M))`` a sweep, against ``(K M)²`` for a sweep over the stored rows;
 - a product with a vector is ``s ⊙ vec(Ā (s ⊙ x)_{K×M} B̄)``, ``O(K² M + K M²)``;
 - the polish's free block is ``(Ā_{k_F k_F} ∘ B̄_{m_F m_F}) ∘ s_F s_Fᵀ`` (:meth:`block`),
   entry for entry the stored Hessian's. It is the one array of the unbuilt path that is

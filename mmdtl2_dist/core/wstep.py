@@ -6,7 +6,7 @@ its Hessian has ``(K M)²`` float64 entries. Up to :data:`MATRIX_FREE_ABOVE_BYTE
 built once, Jacobi-scaled, in one compiled pass
 (:func:`~mmdtl2_dist.core.kron.kron_hessian`); above, coordinate descent uses it without
 building it (:class:`~mmdtl2_dist.core.kron.ScaledKron`: memory linear in ``K M`` but
-for the polish's block of free variables, each sweep still ``(K M)²`` operations). The
+for the polish's block of free variables, a sweep ``O(K M (K + M))`` operations). The
 route depends on the problem's size alone, never on the machine's free memory, so a fit
 runs the same algorithm everywhere. OSQP needs the array: a W-step it could not hold is
 refused with its size (:func:`check_wstep_fits`).
