@@ -440,3 +440,23 @@ def test_block_sweeps_descend_keep_the_gradient_and_reach_the_dense_optimum(K, M
     assert abs(obj_k - obj_d) <= 1e-10 * max(1.0, abs(obj_d))
     if rank is None:
         np.testing.assert_allclose(ends[0], ends[1], atol=1e-6)
+
+
+def test_a_polish_whose_free_block_would_not_fit_is_refused_with_its_size(monkeypatch):
+    """An unbuilt W-step Hessian's polish builds its free block (``8 |F|²`` bytes, twice
+    that with the factor). Where that is more than the memory available, the solver
+    refuses with the size and the fixes (the L2 pull, fewer labels) instead of being
+    killed; with the memory there, the same problem is solved. The threshold below which
+    nothing is asked is set to 0 so that this small problem asks."""
+    import mmdtl2_dist.core.dcd as dcd
+    from mmdtl2_dist.core import memory
+
+    H, f, _ = _kron_problem(2, K=4, M=9)
+    lb, ub = np.zeros(f.size), np.full(f.size, 1.5)
+    monkeypatch.setattr(dcd, "SMALL_FREE_BLOCK_BYTES", 0)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 100)
+    with pytest.raises(ValueError, match=r"free dual variables.*c_d > 0"):
+        dcd.dcd_box_qp(H, f, lb, ub, None, 1e-10)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1 << 30)
+    res = dcd.dcd_box_qp(H, f, lb, ub, None, 1e-10)
+    assert res.ok and kkt_residual(H.dense(), f, res.x, lb, ub) <= 1e-10

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 from scipy.linalg import lapack
 
+from mmdtl2_dist.core import memory
 from mmdtl2_dist.core.kron import ScaledKron
 from mmdtl2_dist.core.sweeps import dense_sweeps, kron_sweeps
 
@@ -56,6 +57,9 @@ FIRST_SWEEP_BUDGET = 200
 # and no more than their operation count's ratio ``K M / (K + M)`` (about 2 with two
 # classes, where a sweep is only that much cheaper).
 UNBUILT_SWEEP_BUDGET_FACTOR = 5
+# Free blocks of an unbuilt Hessian up to this size are built for a polish without asking
+# the system for its memory (the size up to which the W-step builds its whole Hessian).
+SMALL_FREE_BLOCK_BYTES = 1 << 28
 # The polish goes on until the residual is below this fraction of the tolerance: the
 # exact optimum wherever the active set is identified (polished residuals are 1e-17 to
 # 1e-11 on the study's problems, the upper end being their rounding floor).
@@ -234,8 +238,31 @@ def _polish(H, f, x, lb, ub):
 def _free_block(H, free, x, f):
     """``H_FF`` and the gradient ``(H x − f)_F`` of the free variables ``F``."""
     if isinstance(H, ScaledKron):
+        check_free_block_fits(H, free.size)
         return H.block(free), (H @ x)[free] - f[free]
     return H[np.ix_(free, free)], H[free] @ x - f[free]
+
+
+def check_free_block_fits(H: ScaledKron, n_free: int) -> None:
+    """Refuse a polish of the unbuilt W-step Hessian whose free block would not fit.
+
+    The block (``8 |F|²`` bytes) and its factor take twice that. With the L2 pull the
+    W-step's free sets stay small; without it (``c_d = 0``) at tens of classes they reach
+    tens of thousands of variables (a 65-class fit grew to 15 GB), and the kernel would
+    kill the process (or the study's worker) mid-fit instead.
+    """
+    need = 16 * n_free**2
+    if need <= SMALL_FREE_BLOCK_BYTES:
+        return
+    have = memory.available_bytes()
+    if need > have:
+        raise ValueError(
+            f"the W-step QP of this fit ({H.K} classes x {H.M} labelled target samples) has "
+            f"{n_free:,} free dual variables, and its Newton polish needs {need / 1e9:.1f} GB, "
+            f"more than the {have / 1e9:.1f} GB available. Instead, fit with the L2 pull "
+            "(c_d > 0: without it the free set grows with the classes), with fewer labelled "
+            "target samples per class, or on a machine with more memory."
+        )
 
 
 def _run_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):

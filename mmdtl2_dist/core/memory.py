@@ -1,9 +1,10 @@
 """The memory a process can still have.
 
-Two solvers trade memory for time and ask it before they choose a route: the W-step
+Solvers that trade memory for time ask it before they choose a route: the W-step
 refuses a Hessian that would not fit (:func:`~mmdtl2_dist.core.wstep.check_wstep_fits`),
-and the linear SVM takes its primal where the dual's ``n × n`` arrays would not
-(:func:`~mmdtl2_dist.core.svm.linear_svm`).
+coordinate descent a polish of the unbuilt W-step Hessian whose free block would not
+(:func:`~mmdtl2_dist.core.dcd.check_free_block_fits`), and the linear SVM takes its
+primal where the dual's ``n × n`` arrays would not (:func:`~mmdtl2_dist.core.svm.linear_svm`).
 """
 
 from __future__ import annotations
