@@ -73,6 +73,11 @@ def _shifts(args: argparse.Namespace) -> list[tuple[str, str]]:
     return shifts
 
 
+def _count(n: int, word: str) -> str:
+    """``n word``, the word plural unless ``n`` is 1."""
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def run(args: argparse.Namespace) -> int:
     from mmdtl2_dist.datasets.office_caltech import N_TRIALS
     from mmdtl2_dist.office import (
@@ -107,10 +112,8 @@ def run(args: argparse.Namespace) -> int:
         results = office_results(spec)
     wall = rep["timing"]["study_wall_s"]
     print(rep["summary"])
-    plural = lambda n, word: f"{n} {word}{'s' * (n != 1)}"  # noqa: E731
-    print(
-        f"\n{plural(len(shifts), 'shift')} x {plural(n_splits, 'split')}, {wall:.0f} s wall time."
-    )
+    runs = f"{_count(len(shifts), 'shift')} x {_count(n_splits, 'split')}"
+    print(f"\n{runs}, {wall:.0f} s wall time.")
     if args.out:
         (args.out / "office_caltech10.md").write_text(rep["summary"] + "\n")
         serial = {"columns": results["columns"], "wall_s": wall, **results}

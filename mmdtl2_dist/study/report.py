@@ -215,14 +215,14 @@ def pair_tables(
 
 def caption(n_splits: int, ref_source: str | None, ref_target: str | None) -> str:
     """The line that says what a table's cells are: the spread and the t-test marks."""
+    if n_splits == 1:  # no spread, and no test, from one split
+        return "Accuracy (%) of one split: no standard deviation or t-test from a single split."
     marks = [
         f"{m} better than {ref}"
         for m, ref in (("`**`/`*`", ref_source), ("`++`/`+`", ref_target))
         if ref
     ]
     tests = f" One-tailed Welch t-test at p < 0.01/0.05: {', '.join(marks)}." if marks else ""
-    if n_splits == 1:  # no spread, and no test, from one split
-        return "Accuracy (%) of one split: no standard deviation or t-test from a single split."
     return f"Accuracy (%): mean ± standard deviation over {n_splits} splits (ddof=1).{tests}"
 
 
