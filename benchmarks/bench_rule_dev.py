@@ -112,6 +112,7 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 SEEDS = {
     **SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032,
     "fresh6": 2034, "fresh7": 2035, "fresh8": 2036, "fresh9": 2037, "fresh10": 2038,
+    "fresh11": 2039,
 }  # fmt: skip
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}

@@ -31,6 +31,7 @@ from mmdtl2_dist.core.auto import (
     pool_problem,
     pseudo_labels_per_labelled,
     rule_params,
+    rule_pull,
     select_auto,
 )
 from mmdtl2_dist.core.auto_folds import class_group_folds, fold_fits, paired_gain
@@ -428,6 +429,26 @@ def test_rule_parameters_cannot_be_overridden():
     # the target SVM keeps its own c_t = 1 and takes only the caller's solver settings
     got = rule_params("O", {"c_t": 0.1, "c_d": 0.1, "qp_tol": 1e-6})
     assert got == {"qp_tol": 1e-6, "c_t": 1.0}
+
+
+def test_the_pull_per_labelled_target_is_held_to_twenty_source_samples_a_class():
+    """``s_nm = c_d [y_n = y_m]``: a target's pull is ``N_k c_d``; the rule keeps it at 20 c_d."""
+    ys = np.repeat(np.arange(4), 60)  # 60 source samples a class: c_d / 3
+    assert rule_pull(None, ys) == {"c_d": pytest.approx(0.1 / 3, rel=1e-15)}
+    assert rule_pull({"c_d": 0.3, "c_t": 2.0}, ys) == {"c_d": pytest.approx(0.1), "c_t": 2.0}
+    assert rule_pull({"c_d": 0.0}, ys) == {"c_d": 0.0}
+    # up to 20 a class on average (the design protocol's 20 and 8) the caller's c_d stays
+    assert rule_pull({"c_t": 2.0}, np.repeat(np.arange(4), 20)) == {"c_t": 2.0}
+    assert rule_pull(None, np.r_[np.zeros(30), np.ones(10)]) == {}
+    # the rule fits every MMDTL2 candidate, and the pick, with the scaled weight
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(N=180)
+    pool = gram_pool(Xs, Xt, Xu)
+    res, choice = fit_predict_auto(pool, ys, yt, {"c_d": 0.2})
+    assert choice.params["c_d"] == res.info["auto"]["c_d"] == pytest.approx(0.2 / 3)
+    fixed = fit_predict("mmdtl2", choice.params, choice.problem)
+    np.testing.assert_array_equal(fixed.scores, res.scores)
+    unscaled = fit_predict("mmdtl2", {**choice.params, "c_d": 0.2}, choice.problem)
+    assert not np.allclose(unscaled.scores, res.scores)
 
 
 def auto_devices(seed=0, K=3, L=20, N=30, per_class=3, U=40, Q=30):

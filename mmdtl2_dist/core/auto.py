@@ -101,6 +101,7 @@ from mmdtl2_dist.core.auto_folds import (
 )
 from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
+from mmdtl2_dist.core.params import DEFAULTS
 from mmdtl2_dist.core.priors import PoolMap, SamplePool, pool_problem
 from mmdtl2_dist.core.self_training import (
     self_trained_fold_hinge,
@@ -108,7 +109,7 @@ from mmdtl2_dist.core.self_training import (
     unlabelled_rows,
 )
 
-AUTO_RULE = "auto-2026-11-28-g1"
+AUTO_RULE = "auto-2026-11-28-ps"
 HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
 DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
 # Labelled targets per class above which labels are "many": the target SVM is the default
@@ -117,6 +118,9 @@ MANY_LABELS = 10
 # Self-training is kept unless, in the folds, it raised the pick's held-out hinge loss by
 # more than this many standard errors.
 SELF_TRAINING_Z = 1.0
+# Labelled source samples per class up to which the L2 pull keeps the caller's ``c_d``; with
+# more, ``c_d`` is scaled down so that the pull on a labelled target stays what it is here.
+PULL_SOURCES_PER_CLASS = 20
 # What the rule chooses for its MMDTL2 candidates; the caller sets the rest (the target
 # SVM, candidate O, keeps its own c_t and linear kernel: :func:`rule_params`).
 RULE_KEYS = ("prior", "prior_weight", "c_f")
@@ -213,6 +217,7 @@ class AutoChoice:
             "label": CANDIDATES[self.pick].label,
             "method": self.method,
             "params": dict(CANDIDATES[self.pick].params),
+            "c_d": self.params.get("c_d"),
             "pca_dim": self.pca_dim,
             "n_folds": self.n_folds,
             "folds": self.fold_kind,
@@ -263,6 +268,24 @@ def picked_params(cand: str, params: Mapping | None) -> dict:
     if c.method == "target_svm":
         return {**{k: v for k, v in (params or {}).items() if k in TARGET_SVM_KEYS}, **c.params}
     return {**(params or {}), **c.params}
+
+
+def rule_pull(params: Mapping | None, ys: np.ndarray) -> dict:
+    """The caller's ``params`` with the L2 pull's ``c_d`` held to its design strength.
+
+    The pull ``½ Σ s_nm ‖W x̂_m − x_n‖²``, ``s_nm = c_d [y_n = y_m]``, weighs a labelled
+    target of class ``k`` by ``N_k c_d`` towards its class's source mean (``N_k`` its
+    labelled source samples): it grows with the source. Where the source has on average
+    more than :data:`PULL_SOURCES_PER_CLASS` samples a class, ``c_d`` is multiplied by
+    that number over the average, so that the pull per labelled target is the one the
+    rule was designed with (at most 20 source samples a class).
+    """
+    params = dict(params or {})
+    per_class = len(ys) / max(len(np.unique(ys)), 1)
+    if per_class > PULL_SOURCES_PER_CLASS:
+        c_d = params.get("c_d", DEFAULTS["mmdtl2"]["c_d"])
+        params["c_d"] = c_d * PULL_SOURCES_PER_CLASS / per_class
+    return params
 
 
 def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
@@ -388,6 +411,7 @@ def select_auto(
             f"{learn.shape}."
         )
     p = int(learn.sum())
+    params = rule_pull(params, ys)
     folds, per_class = rule_folds(pool, ys, yt)
     counts = np.unique(yt, return_counts=True)[1]
     n_min = int(counts.min())
