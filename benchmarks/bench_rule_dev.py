@@ -88,6 +88,7 @@ from mmdtl2_dist.core.auto import (
     pool_problem,
     pseudo_labels_per_labelled,
     rule_params,
+    rule_pull,
 )
 from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.methods import fit_predict
@@ -568,7 +569,7 @@ def refit(cand: str, pool: SamplePool, ys, yt, pmap):
     """Candidate ``cand`` of the frozen rule fitted on the pool's labelled targets, with
     its shared-PCA map ``pmap`` (None for the other candidates)."""
     prob = pool_problem(pool, ys, yt, pmap)
-    return fit_predict(CANDIDATES_AUTO[cand].method, rule_params(cand, None), prob)
+    return fit_predict(CANDIDATES_AUTO[cand].method, rule_params(cand, rule_pull(None, ys)), prob)
 
 
 def pseudo_labelled(pool: SamplePool, ys, yt, scores, classes, times: int, eligible=None):

@@ -135,7 +135,7 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     per_class = choice.fold_kind == "per_class"
     for c in names if per_class else ["F", "N", "D", "S"]:
         pmap = auto.candidate_map(pool, auto.pca_dim(c, n_classes, p), np.ones(p, bool))
-        method, params = auto.CANDIDATES[c].method, auto.rule_params(c, None)
+        method, params = auto.CANDIDATES[c].method, auto.rule_params(c, auto.rule_pull(None, ys))
 
         def test_acc(fit_pool, fit_yt, method=method, params=params, pmap=pmap):
             res = fit_predict(method, params, auto.pool_problem(fit_pool, ys, fit_yt, pmap))

@@ -431,19 +431,30 @@ def test_rule_parameters_cannot_be_overridden():
     assert got == {"qp_tol": 1e-6, "c_t": 1.0}
 
 
-def test_the_pull_per_labelled_target_is_held_to_twenty_source_samples_a_class():
-    """``s_nm = c_d [y_n = y_m]``: a target's pull is ``N_k c_d``; the rule keeps it at 20 c_d."""
+def test_the_pull_per_labelled_target_is_held_to_twenty_source_samples_a_class(monkeypatch):
+    """``s_nm = c_d [y_n = y_m]``: a target's pull is ``N_k c_d``; the rule holds it to
+    ``20 c_d`` with ``N_k`` the source samples a class on average."""
     ys = np.repeat(np.arange(4), 60)  # 60 source samples a class: c_d / 3
     assert rule_pull(None, ys) == {"c_d": pytest.approx(0.1 / 3, rel=1e-15)}
     assert rule_pull({"c_d": 0.3, "c_t": 2.0}, ys) == {"c_d": pytest.approx(0.1), "c_t": 2.0}
-    assert rule_pull({"c_d": 0.0}, ys) == {"c_d": 0.0}
+    assert rule_pull({"c_d": 0}, ys) == {"c_d": 0.0}
     # up to 20 a class on average (the design protocol's 20 and 8) the caller's c_d stays
-    assert rule_pull({"c_t": 2.0}, np.repeat(np.arange(4), 20)) == {"c_t": 2.0}
-    assert rule_pull(None, np.r_[np.zeros(30), np.ones(10)]) == {}
-    # the rule fits every MMDTL2 candidate, and the pick, with the scaled weight
-    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(N=180)
-    pool = gram_pool(Xs, Xt, Xu)
-    res, choice = fit_predict_auto(pool, ys, yt, {"c_d": 0.2})
+    assert rule_pull({"c_t": 2.0}, np.repeat(np.arange(4), 20)) == {"c_t": 2.0, "c_d": 0.1}
+    assert rule_pull({"c_d": 0.3}, np.r_[np.zeros(30), np.ones(10)]) == {"c_d": 0.3}
+    # every fit of the rule, the fold fits and the final fit, takes the scaled weight
+    seen = []
+
+    def recording(method, params, *args, **kw):
+        seen.append((method, params.get("c_d")))
+        return fold_fits(method, params, *args, **kw)
+
+    monkeypatch.setattr(auto_module, "fold_fits", recording)
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(N=180)  # 60 a class
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt, {"c_d": 0.2})
+    assert choice.method == "mmdtl2"
+    assert sorted({m for m, _ in seen}) == ["mmdtl2", "target_svm"]
+    assert [c for m, c in seen if m == "mmdtl2"] == [pytest.approx(0.2 / 3)] * 2  # D and S
+    assert [c for m, c in seen if m == "target_svm"] == [None]
     assert choice.params["c_d"] == res.info["auto"]["c_d"] == pytest.approx(0.2 / 3)
     fixed = fit_predict("mmdtl2", choice.params, choice.problem)
     np.testing.assert_array_equal(fixed.scores, res.scores)

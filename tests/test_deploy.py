@@ -894,8 +894,8 @@ def test_use_tracking_uri_sets_back_the_uris_in_force(tmp_path):
 def test_deployed_method_and_params_name_the_rules_pick():
     """What a registered select='auto' version records is the pick's model: the target
     SVM keeps only its c_t and the configuration's solver settings; an MMDTL2 pick
-    replaces the configuration's prior, weight and c_f; without the rule, the
-    configuration's own."""
+    replaces the configuration's prior, weight and c_f, and records the c_d the rule
+    fitted with (scaled with a large source); without the rule, the configuration's own."""
     from types import SimpleNamespace
 
     from mmdtl2_dist.deploy.registry import deployed_method_and_params
@@ -904,13 +904,14 @@ def test_deployed_method_and_params_name_the_rules_pick():
     cfg = SimpleNamespace(method="mmdtl2")
     o = SimpleNamespace(full_params=full, auto={"pick": "O", "method": "target_svm"})
     assert deployed_method_and_params(cfg, o) == ("target_svm", {"c_t": 1.0, "qp_tol": 1e-6})
-    d = SimpleNamespace(full_params=full, auto={"pick": "D", "method": "mmdtl2"})
+    d = SimpleNamespace(full_params=full, auto={"pick": "D", "method": "mmdtl2", "c_d": 0.05})
     method, params = deployed_method_and_params(cfg, d)
     assert method == "mmdtl2" and params == {
         **full,
         "prior": "matrix",
         "prior_weight": 0.5,
         "c_f": 1.0,
+        "c_d": 0.05,
     }
     fixed = SimpleNamespace(full_params=full, auto=None)
     assert deployed_method_and_params(cfg, fixed) == ("mmdtl2", full)

@@ -21,7 +21,9 @@ candidates on one axis, how much to trust the source:
   1 and ``c_f = 100``, which holds ``W`` near ``I``;
 
 the MMDTL2 candidates with ``c_f = 1`` and the caller's other MMDTL2 parameters (the
-core's defaults unless given). ``C`` is the number of classes (of the labelled source and
+core's defaults unless given), the L2 pull's ``c_d`` held to its design strength with a
+large source (:func:`rule_pull`: times ``min(1, 20 / n̄)``, ``n̄`` the labelled source
+samples a class on average). ``C`` is the number of classes (of the labelled source and
 target samples) and ``p`` the pool size.
 
 **The pool** (:class:`~mmdtl2_dist.core.priors.SamplePool`) is what the shared-PCA prior
@@ -79,8 +81,9 @@ although 90 % of their pseudo-labels were right; the folds see it. Fits: at most
 
 Designed on dev data and confirmed on new split sets (BENCHMARKS.md, "Self-training from
 the rule's fold fits (STF)", "Twice the pseudo-labels on hard shifts (STFH)", "The target
-SVM as the rule's alternative (O)", "Self-training validated on the folds (STV)" and "The
-one-label guard (G1)", which also give the earlier versions).
+SVM as the rule's alternative (O)", "Self-training validated on the folds (STV)", "The
+one-label guard (G1)" and "The L2 pull held to its design strength with a large source
+(PS)", which also give the earlier versions).
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here and in :mod:`mmdtl2_dist.core.auto_folds` (its folds), not parameters.
@@ -179,6 +182,8 @@ class AutoChoice:
     held-out hinge loss the self-trained fold fits saved, and its standard error (``None``
     when no self-training was asked). ``fold_kind``: ``"per_class"``, ``"class_groups"``
     (leave-classes-out, at one labelled target in some class) or ``None`` (no folds).
+    ``c_d``: the L2 pull's weight the MMDTL2 candidates were fitted with
+    (:func:`rule_pull`), also when the pick is the target SVM.
     """
 
     pick: str
@@ -196,6 +201,7 @@ class AutoChoice:
     pseudo_per_labelled: int = 0
     self_training_check: tuple[float, float] | None = None
     fold_kind: str | None = None
+    c_d: float = DEFAULTS["mmdtl2"]["c_d"]
     rule: str = AUTO_RULE
 
     @property
@@ -217,7 +223,7 @@ class AutoChoice:
             "label": CANDIDATES[self.pick].label,
             "method": self.method,
             "params": dict(CANDIDATES[self.pick].params),
-            "c_d": self.params.get("c_d"),
+            "c_d": self.c_d,
             "pca_dim": self.pca_dim,
             "n_folds": self.n_folds,
             "folds": self.fold_kind,
@@ -278,13 +284,13 @@ def rule_pull(params: Mapping | None, ys: np.ndarray) -> dict:
     labelled source samples): it grows with the source. Where the source has on average
     more than :data:`PULL_SOURCES_PER_CLASS` samples a class, ``c_d`` is multiplied by
     that number over the average, so that the pull per labelled target is the one the
-    rule was designed with (at most 20 source samples a class).
+    rule was designed with (at most 20 source samples a class). The result always holds
+    ``c_d`` (the core's default unless the caller gave one).
     """
     params = dict(params or {})
     per_class = len(ys) / max(len(np.unique(ys)), 1)
-    if per_class > PULL_SOURCES_PER_CLASS:
-        c_d = params.get("c_d", DEFAULTS["mmdtl2"]["c_d"])
-        params["c_d"] = c_d * PULL_SOURCES_PER_CLASS / per_class
+    c_d = float(params.get("c_d", DEFAULTS["mmdtl2"]["c_d"]))
+    params["c_d"] = c_d * min(1.0, PULL_SOURCES_PER_CLASS / per_class) if per_class else c_d
     return params
 
 
@@ -450,6 +456,7 @@ def select_auto(
         choice_table(names, dims, hinge, gains), len(folds), n_min, p,
         pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, labels, len(unl), times,
         st_check, ("per_class" if per_class else "class_groups") if folds else None,
+        params["c_d"],
     )  # fmt: skip
 
 

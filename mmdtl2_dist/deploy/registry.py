@@ -188,13 +188,17 @@ def deployed_method_and_params(cfg, fitted) -> tuple[str, dict]:
 
     The configuration's own unless ``select="auto"`` chose: then its pick, e.g. the target
     SVM (``c_t = 1``, the configuration's solver settings) or MMDTL2 with the rule's prior,
-    weight and ``c_f`` over the configuration's other parameters.
+    weight and ``c_f`` and the ``c_d`` it fitted with (scaled with a large source) over the
+    configuration's other parameters.
     """
     if not fitted.auto:
         return cfg.method, fitted.full_params
     from mmdtl2_dist.core.auto import picked_params
 
-    return fitted.auto["method"], picked_params(fitted.auto["pick"], fitted.full_params)
+    params = picked_params(fitted.auto["pick"], fitted.full_params)
+    if fitted.auto["method"] == "mmdtl2":
+        params["c_d"] = fitted.auto["c_d"]
+    return fitted.auto["method"], params
 
 
 def version_tags(handle, cfg, fitted) -> dict[str, str]:
@@ -233,7 +237,9 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
         tags["n_unlabelled_target"] = str(fitted.n_unlabelled_target)
     if fitted.auto:
         tags["auto_rule"] = fitted.auto["rule"]
-        tags["auto_choice"] = {k: fitted.auto[k] for k in ("pick", "label", "params", "pca_dim")}
+        tags["auto_choice"] = {
+            k: fitted.auto[k] for k in ("pick", "label", "params", "pca_dim", "c_d")
+        }
         tags["auto_pool_size"] = str(fitted.auto["pool_size"])
         tags["auto_pseudo_labelled"] = str(fitted.auto["pseudo_labelled"])
     for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):

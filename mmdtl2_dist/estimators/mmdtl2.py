@@ -64,7 +64,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         too, at one labelled sample in some class) and the target SVM (no adaptation:
         the linear target SVM with ``c_t = 1`` whatever the estimator's ``c_t`` and
         kernel, ``transform`` then the identity); one feature space for both
-        devices. Otherwise, if given, candidate parameter
+        devices. ``c_d`` is scaled by ``min(1, 20 / n̄)``, ``n̄`` the labelled source
+        samples a class, so that the L2 pull per labelled target does not grow with the
+        source (``auto_["c_d"]``). Otherwise, if given, candidate parameter
         sets, or the name of a grid of
         :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the prior's
         mixing weight 0, 0.25, …, 1, of the identity, or of ``W0`` with
