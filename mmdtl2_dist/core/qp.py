@@ -116,11 +116,22 @@ def _check_problem(H, f, lb, ub):
     return H, f, lb, ub
 
 
+# OSQP's infeasibility tolerances, small enough that its tests never fire (it needs them > 0).
+OSQP_NO_INFEASIBILITY_TEST = 1e-30
+
+
 def _osqp(H, f, lb, ub, x0, tol, max_iter):
     """OSQP from ``x0``; ``(x, iterations, status)``, ``x`` None when OSQP gave none.
 
     A failed set-up (OSQP's factorisation of a numerically indefinite Hessian) is such a
     case: the callers go on with their other solvers or name the failure.
+
+    OSQP's infeasibility tests are off (:data:`OSQP_NO_INFEASIBILITY_TEST`): a box QP with
+    ``lb ≤ ub`` is feasible, and the product's are bounded (finite upper bounds, or a
+    positive definite ``H``), but on ill-conditioned ones the tests misfire. A squared-hinge
+    dual of condition about 1e10 was declared dual infeasible after 11,250 iterations on
+    one machine (AMD EPYC), not on the Intel Xeon of earlier runs. Without them OSQP runs
+    to its tolerance or ``max_iter``, and the caller's KKT check decides.
     """
     import osqp  # local: keeps import of the core cheap
     import scipy.sparse as sp
@@ -140,6 +151,8 @@ def _osqp(H, f, lb, ub, x0, tol, max_iter):
             max_iter=max_iter,
             polishing=True,
             polish_refine_iter=10,
+            eps_prim_inf=OSQP_NO_INFEASIBILITY_TEST,
+            eps_dual_inf=OSQP_NO_INFEASIBILITY_TEST,
         )
     except osqp.OSQPException as e:
         return None, 0, f"set-up failed ({e})"
