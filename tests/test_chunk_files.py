@@ -112,6 +112,29 @@ def test_chunks_written_straight_to_their_files_read_back_through_zarr(tmp_path)
     assert not list((tmp_path / "g").rglob("*.tmp"))
 
 
+def test_a_chunk_write_returns_the_crc32c_of_the_values_only_where_the_file_holds_their_bytes(
+    tmp_path,
+):
+    """The CRC32C a chunk write returns is the values' own (what a tile's marker records,
+    computed independently by engine.tasks.checksum) for a chunk inside the array; an edge
+    chunk (padded) or values of another dtype (cast) give None, so the caller computes it."""
+    from zarr.codecs import Crc32cCodec
+
+    from mmdtl2_dist.engine.tasks import checksum
+    from mmdtl2_dist.store.blocks import write_array_chunk
+
+    path = str(tmp_path / "g")
+    zarr.create_array(store=path, shape=(50, 50), chunks=(32, 32), dtype="float64",
+                      compressors=[Crc32cCodec()], fill_value=np.nan)  # fmt: skip
+    G = np.random.default_rng(4).standard_normal((50, 50))
+    inner = G[:32, :32]
+    assert write_array_chunk(path, 0, 0, inner) == checksum(inner)
+    assert write_array_chunk(path, 0, 1, G[:32, 32:]) is None  # edge: padded with NaN
+    assert write_array_chunk(path, 0, 0, inner.astype(np.float32)) is None  # cast
+    stored = (tmp_path / "g" / "c" / "0" / "0").read_bytes()
+    assert int.from_bytes(stored[-4:], "little") == checksum(inner.astype(np.float32).astype(float))
+
+
 def test_a_chunk_write_killed_midway_leaves_the_old_chunk_and_a_temporary_file_removed_later(
     tmp_path,
 ):

@@ -159,13 +159,19 @@ def test_a_gram_stored_without_precision_is_the_exact_one(cnn_store, tmp_path):
     np.testing.assert_allclose(resumed.to_numpy(), ref, rtol=1e-12)
 
 
-@pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_lost_feature_chunk_is_named_and_nothing_is_written(tmp_path, compression):
+@pytest.mark.parametrize(
+    ("compression", "device"), [("none", None), ("zstd", None), ("zstd", "cpu")]
+)
+def test_lost_feature_chunk_is_named_and_nothing_is_written(tmp_path, compression, device):
     """A lost feature chunk is named and no tile is written. The store's own layout is read
     straight from its files, which find the chunk missing; a compressed store is read by
     zarr, which reads it as NaN (the fill value), and the inputs are then checked on the
-    finished tile (a NaN reaches its whole row), not per block."""
+    finished tile (a NaN reaches its whole row), not per block: by numpy, or by torch on
+    the tile's device (here torch's CPU device, the GPU tiles' code path)."""
     from mmdtl2_dist.store import StoreWriter
+
+    if device is not None:
+        pytest.importorskip("torch")
 
     store = tmp_path / "s.zarr"
     X = np.random.default_rng(1).random((40, 64)).astype(np.float32)
@@ -174,7 +180,7 @@ def test_lost_feature_chunk_is_named_and_nothing_is_written(tmp_path, compressio
     array = FeatureStore.open(store).array_path("source", "conv3")
     (Path(array) / "c" / "0" / "0").unlink()
     with pytest.raises(CorruptChunkError, match=r"chunk\(s\) \(0, 0\) are missing"):
-        _gram(store, tmp_path / "g")
+        _gram(store, tmp_path / "g", device=device)
     assert not list((tmp_path / "g" / "tiles").iterdir())
 
 
@@ -190,6 +196,33 @@ def test_torch_tiles_equal_the_numpy_tiles(cnn_store, tmp_path):
     mixed = _gram(store, tmp_path / "m", tile_rows=64, precision="mixed", device="cpu")
     assert (np.abs(mixed.to_numpy() - ref) <= mixed_error_bound(L_CNN) * absref).all()
     assert np.abs(mixed.to_numpy() - ref).max() / np.abs(ref).max() <= 1e-6
+
+
+def test_a_torch_tile_without_device_memory_for_its_check_checks_its_host_copy(monkeypatch):
+    """The finiteness check runs on the tile's device; where the device has no memory left
+    for its mask (as a GPU capped at 4 GB had, BENCHMARKS.md), the host's copy decides."""
+    torch = pytest.importorskip("torch")
+    from mmdtl2_dist.engine.torch_products import TorchProduct
+
+    A = np.random.default_rng(5).random((30, 40))
+    answers = {}
+    for name, inf_at in (("finite", None), ("infinite", (3, 7))):
+        product = TorchProduct((30, 30), "float64", PhaseTimer(), "cpu")
+        X = A.copy()
+        if inf_at:
+            X[inf_at] = np.inf
+        product.add(X)
+        product.result()
+        answers[name, "device"] = product.all_finite()
+
+        def out_of_memory(*args, **kwargs):
+            raise torch.OutOfMemoryError("no memory for the mask")
+
+        with monkeypatch.context() as m:
+            m.setattr(torch, "isfinite", out_of_memory)
+            answers[name, "host"] = product.all_finite()
+    assert answers == {("finite", "device"): True, ("finite", "host"): True,
+                       ("infinite", "device"): False, ("infinite", "host"): False}  # fmt: skip
 
 
 @pytest.mark.parametrize("precision", ["float64", "mixed"])

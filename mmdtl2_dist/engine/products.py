@@ -228,6 +228,10 @@ class NumpyProduct:
             mirror_upper(self._acc)
         return self.G
 
+    def all_finite(self) -> bool:
+        """Whether every entry of the tile is finite (after :meth:`result`)."""
+        return bool(np.isfinite(self._acc).all())
+
 
 def _blas_update(C: np.ndarray, X: np.ndarray, Y: np.ndarray | None, beta: float) -> np.ndarray:
     """``C = X Yᵀ + beta C`` in place by BLAS (``Y`` None: ``syrk``, upper triangle of ``X Xᵀ``).

@@ -155,7 +155,7 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms, part: int | None = None)
             product.add(A, B)
     G = product.result()
     with timer.phase("check"):
-        if not np.isfinite(G).all():
+        if not product.all_finite():
             _raise_for_bad_inputs(job, tile, blocks)
     if part is None:
         return _store_tile(job, tile, G, timer, product.device)
@@ -165,13 +165,13 @@ def gram_tile_task(job: dict, tile: Tile, stats, norms, part: int | None = None)
 def _store_tile(job: dict, tile: Tile, G: np.ndarray, timer: PhaseTimer, device, **extra) -> dict:
     """Write tile ``G`` to its Gram chunk, then its marker (what a finished tile is)."""
     with timer.phase("write"):
-        write_array_chunk(job["gram_path"], tile.i, tile.j, G)
-    with timer.phase("digest"):
+        crc = write_array_chunk(job["gram_path"], tile.i, tile.j, G)
+    with timer.phase("digest"):  # the write's own CRC32C where the chunk is G's bytes
         fields = {
             "tile": tile.key,
             "rows_a": [tile.a0, tile.a1],
             "rows_b": [tile.b0, tile.b1],
-            "crc32c": checksum(G),
+            "crc32c": checksum(G) if crc is None else crc,
             **extra,
         }
     return _write_marker(Path(job["tiles_dir"]) / f"{tile.key}.json", fields, timer, device)

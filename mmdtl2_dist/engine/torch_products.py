@@ -110,6 +110,7 @@ class TorchProduct:
         self._device_bufs: dict[str, object] = {}
         self._used: dict[str, object] = {}  # device buffer -> event after its last products
         self._in_use: list[str] = []
+        self._host: np.ndarray | None = None  # the tile's copy on the host (result())
 
     def block_buffer(self, slot: str, shape: tuple[int, int], dtype) -> np.ndarray:
         """A C-ordered array to read a block of ``slot`` into.
@@ -231,12 +232,26 @@ class TorchProduct:
                 self.torch.from_numpy(G).copy_(self.G)
             else:
                 G = self.G.numpy()
+        self._host = G
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
             for phase, pairs in self._events.items():
                 ms = sum(start.elapsed_time(end) for start, end in pairs)
                 self.timer.seconds[phase] += ms / 1000.0
         return G
+
+    def all_finite(self) -> bool:
+        """Whether every entry of the tile is finite (after :meth:`result`).
+
+        Checked on the device, where the tile still is: on a GPU a reduction of a
+        millisecond instead of a pass over the host's copy (0.1-0.2 s for a 10,240-row
+        tile). Its mask needs device memory the tile's buffers may have left none of (a
+        capped process, a smaller card): then the host's copy is checked.
+        """
+        try:
+            return bool(self.torch.isfinite(self.G).all())
+        except self.torch.OutOfMemoryError:
+            return bool(np.isfinite(self._host).all())
 
 
 class _EventPair:

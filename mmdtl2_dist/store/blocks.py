@@ -121,19 +121,20 @@ def read_array_block(
     return block
 
 
-def write_array_chunk(array_path: str, i: int, j: int, values: np.ndarray) -> None:
+def write_array_chunk(array_path: str, i: int, j: int, values: np.ndarray) -> int | None:
     """Write chunk ``(i, j)`` of a 2-d array whole (``values``: its part inside the array).
 
     Plain-layout arrays are written straight to the chunk's file, atomically
-    (:func:`~mmdtl2_dist.store.chunk_files.write_chunk`); others through zarr.
+    (:func:`~mmdtl2_dist.store.chunk_files.write_chunk`), which returns the CRC32C of
+    ``values`` where the stored bytes are theirs; others go through zarr (None).
     """
     layout = chunk_layout(array_path)
     if layout is not None:
-        write_chunk(layout, i, j, values)
-        return
+        return write_chunk(layout, i, j, values)
     arr = zarr.open_array(array_path, mode="r+")
     r0, c0 = i * arr.chunks[0], j * arr.chunks[1]
     arr[r0 : r0 + values.shape[0], c0 : c0 + values.shape[1]] = values
+    return None
 
 
 def _read_with_zarr(array_path: str, r0, r1, c0, c1, out: np.ndarray | None) -> np.ndarray:

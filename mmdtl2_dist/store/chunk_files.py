@@ -221,8 +221,12 @@ def _read_into(f, buf: np.ndarray) -> int:
     return got
 
 
-def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> None:
+def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> int | None:
     """Write chunk ``(i, j)`` whole, atomically: its bytes, then their CRC32C.
+
+    Returns that CRC32C when the chunk's bytes are ``values``' own (a chunk wholly inside
+    the array, of the array's dtype: the CRC32C of ``values`` as a caller records it),
+    else None (an edge chunk's padding, or a cast, is in the stored bytes).
 
     The file is written under a temporary name, then renamed into place: readers see
     the old chunk or the new one, never a part.
@@ -239,6 +243,7 @@ def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> None
             f"{layout.chunks}) holds {inside} values inside the array, got {values.shape}; "
             "pass a chunk of the array's grid and its part inside the array."
         )
+    own = values.shape == layout.chunks and values.dtype == layout.dtype
     if values.shape != layout.chunks:
         full = np.full(layout.chunks, layout.fill_value, dtype=layout.dtype)
         full[: values.shape[0], : values.shape[1]] = values
@@ -246,9 +251,11 @@ def write_chunk(layout: ChunkLayout, i: int, j: int, values: np.ndarray) -> None
     data = np.ascontiguousarray(values, dtype=layout.dtype).reshape(-1).view(np.uint8)
     path = layout.chunk_path(i, j)
     path.parent.mkdir(parents=True, exist_ok=True)
+    crc = google_crc32c.value(data)
     with atomic_file(path) as f:
         f.write(memoryview(data))
-        f.write(google_crc32c.value(data).to_bytes(_CRC_BYTES, "little"))
+        f.write(crc.to_bytes(_CRC_BYTES, "little"))
+    return crc if own else None
 
 
 def remove_stray_writes(array_path: str) -> list[Path]:
