@@ -159,6 +159,28 @@ def test_a_gram_stored_without_precision_is_the_exact_one(cnn_store, tmp_path):
     np.testing.assert_allclose(resumed.to_numpy(), ref, rtol=1e-12)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_every_tiles_marker_holds_the_crc32c_of_its_stored_values(cnn_store, tmp_path, device):
+    """Inner tiles record the CRC32C their chunk write computed, edge tiles (240 rows in
+    tiles of 64: the last row block is 48 rows, stored padded) a CRC32C of the tile: both
+    must equal the CRC32C of the values read back, computed here on its own."""
+    import google_crc32c
+
+    if device is not None:
+        pytest.importorskip("torch")
+    store, _, _ = cnn_store
+    gs = _gram(store, tmp_path / "g", tile_rows=64, device=device)
+    G = gs.to_numpy()
+    markers = [json.loads(m.read_text()) for m in (tmp_path / "g" / "tiles").glob("*.json")]
+    edges = 0
+    for m in markers:
+        (a0, a1), (b0, b1) = m["rows_a"], m["rows_b"]
+        values = np.ascontiguousarray(G[a0:a1, b0:b1])
+        assert m["crc32c"] == google_crc32c.value(values.tobytes()), m["tile"]
+        edges += min(a1 - a0, b1 - b0) < 64
+    assert len(markers) == 10 and edges == 4
+
+
 @pytest.mark.parametrize(
     ("compression", "device"), [("none", None), ("zstd", None), ("zstd", "cpu")]
 )
@@ -198,31 +220,36 @@ def test_torch_tiles_equal_the_numpy_tiles(cnn_store, tmp_path):
     assert np.abs(mixed.to_numpy() - ref).max() / np.abs(ref).max() <= 1e-6
 
 
-def test_a_torch_tile_without_device_memory_for_its_check_checks_its_host_copy(monkeypatch):
-    """The finiteness check runs on the tile's device; where the device has no memory left
-    for its mask (as a GPU capped at 4 GB had, BENCHMARKS.md), the host's copy decides."""
+def test_a_torch_tiles_finiteness_check_finds_nan_and_both_infinities_on_device_or_host(
+    monkeypatch,
+):
+    """The check runs on the tile's device by its extreme entries; where the device has no
+    memory left for it, the host's copy decides. Each must find a NaN, +inf or -inf
+    anywhere in the tile (on-diagonal and off) and pass a finite tile."""
     torch = pytest.importorskip("torch")
     from mmdtl2_dist.engine.torch_products import TorchProduct
 
     A = np.random.default_rng(5).random((30, 40))
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("no memory for the reduction")
+
     answers = {}
-    for name, inf_at in (("finite", None), ("infinite", (3, 7))):
+    for bad in (None, np.nan, np.inf, -np.inf):
         product = TorchProduct((30, 30), "float64", PhaseTimer(), "cpu")
-        X = A.copy()
-        if inf_at:
-            X[inf_at] = np.inf
-        product.add(X)
+        with pytest.raises(RuntimeError, match="call result"):
+            product.all_finite()
+        product.add(A)
         product.result()
-        answers[name, "device"] = product.all_finite()
-
-        def out_of_memory(*args, **kwargs):
-            raise torch.OutOfMemoryError("no memory for the mask")
-
+        if bad is not None:
+            product.G[3, 7] = bad  # the device's tile; on torch's CPU device the host copy too
+        answers[bad, "device"] = product.all_finite()
         with monkeypatch.context() as m:
-            m.setattr(torch, "isfinite", out_of_memory)
-            answers[name, "host"] = product.all_finite()
-    assert answers == {("finite", "device"): True, ("finite", "host"): True,
-                       ("infinite", "device"): False, ("infinite", "host"): False}  # fmt: skip
+            m.setattr(torch, "aminmax", out_of_memory)
+            answers[bad, "host"] = product.all_finite()
+    expected = {(bad, where): bad is None for bad in (None, np.nan, np.inf, -np.inf)
+                for where in ("device", "host")}  # fmt: skip
+    assert answers == expected
 
 
 @pytest.mark.parametrize("precision", ["float64", "mixed"])
