@@ -9,8 +9,10 @@ combine's ``read`` is loading its parts and its ``product`` summing them:
 ``read``
     Zarr reads of the feature blocks: file I/O, CRC32C check, decompression.
 ``check``
-    The finiteness check of the inputs (a NaN is a lost chunk; see
-    :func:`mmdtl2_dist.store.feature_store.read_array_block`).
+    The finiteness check of the finished tile: a NaN or infinity among a row's features
+    (a lost chunk read by zarr as NaN, see
+    :func:`mmdtl2_dist.store.feature_store.read_array_block`) reaches every entry of its
+    row. On a GPU it runs on the device (``TorchProduct.all_finite``).
 ``cast``
     Preprocessing and the conversion to the product's precision (float32 → float64 in
     exact mode), on the CPU.
@@ -20,9 +22,11 @@ combine's ``read`` is loading its parts and its ``product`` summing them:
     The block products and their accumulation (on a GPU: the device's time, which
     overlaps the host phases, so the phases can add up to more than the task's time).
 ``write``
-    Writing the Gram chunk (CRC32C encode, file write).
+    Writing the Gram chunk (its CRC32C, the file write).
 ``digest``
-    The tile's CRC32C (recorded in its marker) and the marker itself.
+    The tile's CRC32C for its marker: the write's own, except for an edge chunk, whose
+    stored bytes hold padding, and a partial tile, which are hashed here. (The marker is
+    written after the timing is recorded.)
 
 plus the wall-clock ``start`` and ``end`` of the task, its process (``pid``, ``host``),
 the ``device`` it ran on and the BLAS threads of its process (``blas_threads``: one per
