@@ -894,6 +894,8 @@ def main() -> None:
         add_pull_alternative()
         suffix += "_pull_alternative"
     args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}{suffix}.json"
+    if args.out.is_dir():  # refused now, not after the run
+        ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
     wanted = None if args.variants is None else tuple(args.variants or VARIANTS)
     caller = None if args.c_d is None else {"c_d": args.c_d}
     run = (

@@ -193,6 +193,9 @@ def main() -> None:
                     help="dev variant: D with c_d = 0 as one more alternative")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/rule_pixels.json"))
     args = ap.parse_args()
+    if args.out.is_dir():  # refused now, not after the run
+        ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     caller = {} if args.c_d is None else {"c_d": args.c_d}
     jobs = [(str(args.data), s, n, k, SEEDS[args.set], args.records, caller, args.pull_alternative)
             for s in args.shifts for n in args.labels for k in range(args.splits)]  # fmt: skip
