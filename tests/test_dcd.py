@@ -442,6 +442,18 @@ def test_block_sweeps_descend_keep_the_gradient_and_reach_the_dense_optimum(K, M
         np.testing.assert_allclose(ends[0], ends[1], atol=1e-6)
 
 
+def test_block_sweeps_refuse_a_scale_with_a_zero():
+    """The sweeps carry the gradient over ``s``; a zero in ``s`` is refused, not divided by."""
+    from mmdtl2_dist.core.sweeps import kron_sweeps
+
+    H, f, _ = _kron_problem(0)
+    s = H.s.copy()
+    s[3] = 0.0
+    with pytest.raises(ValueError, match="without zeros"):
+        kron_sweeps(H.A, H.B, s, -f, np.zeros(f.size), np.zeros(f.size), np.ones(f.size),
+                    0.0, 1, 0)  # fmt: skip
+
+
 def test_a_polish_whose_free_block_would_not_fit_is_refused_with_its_size(monkeypatch):
     """An unbuilt W-step Hessian's polish builds its free block (``8 |F|²`` bytes, twice
     that with the factor). Where that is more than the memory available, the solver

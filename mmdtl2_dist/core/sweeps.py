@@ -5,7 +5,8 @@ it (:func:`coordinate_step`), keeping the gradient ``g = Hx − f`` up to date: 
 variable's row of a stored ``H`` (:func:`dense_sweeps`, a shuffled order), or, on the
 W-step's unbuilt ``diag(s)(A ⊗ B)diag(s)`` (:func:`kron_sweeps`,
 :class:`~mmdtl2_dist.core.kron.ScaledKron`), one target's ``K`` variables after another,
-whose steps reach the other targets' gradients together. Compiled with numba
+whose steps reach the other targets' gradients together, as one rank-one update of the
+gradient over ``s``. Compiled with numba
 (``cache=True``).
 """
 
@@ -82,12 +83,13 @@ def _dense_sweeps(H, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover -
 
 
 @njit(cache=True, nogil=True)
-def _target_block(A, B, s, g, x, lb, ub, m, w):  # pragma: no cover - compiled
+def _target_block(A, B, s, h, x, lb, ub, m, w):  # pragma: no cover - compiled
     """One step on each of target ``m``'s ``K`` variables, ``i = k M + m`` in class order.
 
-    Keeps the gradient of the block's own variables exact (their Hessian entries are
-    ``s_i Ā_kl B̄_mm s_j``) and adds each step, times ``s_i``, to ``w[k]``; the caller
-    carries the block's steps to the other targets. Returns the largest ``|pg|`` seen.
+    ``h`` (``K × M``) is the gradient over ``s``: ``g_i = s_i h_i``. Keeps ``h`` of the
+    block's own variables exact (their Hessian entries are ``s_i Ā_kl B̄_mm s_j``) and adds
+    each step, times ``s_i``, to ``w[k]``; the caller carries the block's steps to the
+    other targets. Returns the largest ``|pg|`` seen.
     """
     K, M = A.shape[0], B.shape[0]
     bmm = B[m, m]
@@ -95,7 +97,7 @@ def _target_block(A, B, s, g, x, lb, ub, m, w):  # pragma: no cover - compiled
     for k in range(K):
         i = k * M + m
         xi = x[i]
-        a, nx = coordinate_step(g[i], xi, lb[i], ub[i], A[k, k] * bmm * (s[i] * s[i]))
+        a, nx = coordinate_step(s[i] * h[k, m], xi, lb[i], ub[i], A[k, k] * bmm * (s[i] * s[i]))
         if a > viol:
             viol = a
         d = nx - xi
@@ -106,20 +108,21 @@ def _target_block(A, B, s, g, x, lb, ub, m, w):  # pragma: no cover - compiled
         w[k] += c
         c *= bmm
         for l in range(K):
-            g[l * M + m] += c * A[k, l] * s[l * M + m]
+            h[l, m] += c * A[k, l]
     return viol
 
 
 @njit(cache=True, nogil=True)
-def _block_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
+def _block_sweeps(A, B, s, h, x, lb, ub, tol, max_epochs, seed):  # pragma: no cover - compiled
     """Coordinate descent on ``diag(s) (Ā ⊗ B̄) diag(s)``, one target's block at a time.
 
-    A sweep visits the ``M`` targets in a shuffled order; at target ``m`` each of its
+    ``h = g / s`` (``K × M``, ``s`` without zeros) is the gradient the sweeps carry. A
+    sweep visits the ``M`` targets in a shuffled order; at target ``m`` each of its
     ``K`` variables takes its exact coordinate step (:func:`_target_block`), and then
     the block's steps ``w`` reach every other target's gradient at once:
-    ``g_{ln} += s_{ln} (Ā w)_l B̄_mn``, ``O(K² + K M)`` for the block instead of
-    ``O(K · K M)`` one variable at a time. Same stopping rule and return as
-    :func:`_dense_sweeps`.
+    ``h_{l·} += (Ā w)_l B̄_m·``, a rank-one update of ``h`` but for its column ``m``,
+    ``O(K² + K M)`` for the block instead of ``O(K · K M)`` one variable at a time. Same
+    stopping rule and return as :func:`_dense_sweeps`.
     """
     K, M = A.shape[0], B.shape[0]
     np.random.seed(seed)  # noqa: NPY002
@@ -134,7 +137,7 @@ def _block_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no c
         for t in range(M):
             m = order[t]
             w[:] = 0.0
-            viol = max(viol, _target_block(A, B, s, g, x, lb, ub, m, w))
+            viol = max(viol, _target_block(A, B, s, h, x, lb, ub, m, w))
             Bm = B[m]
             for l in range(K):
                 c = 0.0
@@ -142,10 +145,11 @@ def _block_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):  # pragma: no c
                     c += A[l, k] * w[k]
                 if c == 0.0:
                     continue
-                j0 = l * M
-                for q in range(M):
-                    if q != m:
-                        g[j0 + q] += c * (Bm[q] * s[j0 + q])
+                own = h[l, m]  # kept exact by the block's own steps
+                hl = h[l]
+                for q in range(M):  # branch-free, so it vectorises
+                    hl[q] += c * Bm[q]
+                hl[m] = own
         if viol <= tol:
             break
     return ep, viol
@@ -161,6 +165,13 @@ def kron_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed):
 
     Block by block (:func:`_block_sweeps`): each step is the stored Hessian's coordinate
     step, taken in another order, and a sweep costs ``K M (K + M)`` operations, about
-    ``K M / (K + M)`` times fewer than over stored rows.
+    ``K M / (K + M)`` times fewer than over stored rows. ``s`` has no zero (a W-step's
+    is signs times Jacobi scales); the sweeps carry ``g / s`` and leave ``g`` updated.
     """
-    return _block_sweeps(A, B, s, g, x, lb, ub, tol, max_epochs, seed)
+    if not np.all(s != 0.0):
+        raise ValueError("kron_sweeps needs a scale s without zeros.")
+    K, M = A.shape[0], B.shape[0]
+    h = (g / s).reshape(K, M)
+    out = _block_sweeps(A, B, s, h, x, lb, ub, tol, max_epochs, seed)
+    np.multiply(s, h.ravel(), out=g)
+    return out
