@@ -233,6 +233,22 @@ def test_self_training_is_dropped_when_it_hurts_the_fold_fits(monkeypatch):
         assert res.info["auto"]["pseudo_labelled"] == len(choice.pseudo_rows)
 
 
+def test_candidates_of_one_dimension_share_one_eigendecomposition(monkeypatch):
+    """The shared-PCA map is computed once per dimension: a second candidate with D's
+    dimension (a variant of the rule, as the benchmarks' D without the pull) adds no
+    eigendecomposition of the pool, and both get the same map."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=1, per_class=3)
+    pool = gram_pool(Xs, Xt, Xu)
+    twin = auto_module.Candidate("D2", "D again", auto_module.CANDIDATES["D"].params, 4)
+    monkeypatch.setitem(auto_module.CANDIDATES, "D2", twin)
+    monkeypatch.setattr(auto_module, "ALTERNATIVES", (*auto_module.ALTERNATIVES, "D2"))
+    maps, real = [], auto_module.candidate_map
+    monkeypatch.setattr(auto_module, "candidate_map", lambda *a: maps.append(real(*a)) or maps[-1])
+    choice = select_auto(pool, ys, yt)
+    assert {row["candidate"] for row in choice.table} == {"D", "O", "S", "D2"}
+    assert len([m for m in maps if m is not None]) == 1
+
+
 def test_the_check_without_pseudo_labels_is_the_fold_fits():
     """With no pseudo-label asked, each self-trained fold fit is the fold fit itself: the
     check pairs every held-out sample with its own loss, folds in order."""

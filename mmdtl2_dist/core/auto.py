@@ -426,8 +426,10 @@ def select_auto(
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if per_class else unl[:0])
     maps, dims, hinge, scores, per_fold = {}, {}, {}, {}, {}
+    by_dim = {}  # candidates of one dimension share the pool's eigendecomposition
     for c in names:
-        maps[c] = candidate_map(pool, pca_dim(c, n_classes, p), learn)
+        d = pca_dim(c, n_classes, p)
+        maps[c] = by_dim[d] if d in by_dim else by_dim.setdefault(d, candidate_map(pool, d, learn))
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
             hinge[c], scores[c], classes, per_fold[c] = fold_fits(

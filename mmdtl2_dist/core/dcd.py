@@ -55,8 +55,9 @@ SINGULAR_RTOL = 1e-8
 FIRST_POLISH_AT = 1e-5
 FIRST_SWEEP_BUDGET = 200
 # Sweeps of an unbuilt W-step Hessian (block by block, :func:`~mmdtl2_dist.core.sweeps.
-# kron_sweeps`) take about a fifth of the time of sweeps over the stored array (measured
-# on a 20-class W-step with 8,000 variables: 1.0 against 5.2 ms), while a polish costs
+# kron_sweeps`) take a fifth of the time of sweeps over the stored array or less
+# (measured on a 20-class W-step with 8,000 variables: 1.0 against 5.2 ms when this
+# factor was set; they have become cheaper since), while a polish costs
 # the same: such sweeps get up to this many times the budgets, first sweeps and total,
 # and no more than their operation count's ratio ``K M / (K + M)`` (about 2 with two
 # classes, where a sweep is only that much cheaper).
