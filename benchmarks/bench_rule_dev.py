@@ -109,11 +109,13 @@ from mmdtl2_dist.datasets.office_caltech import SHIFTS
 # the target SVM as the rule's alternative (O) at 3, 10, 20 and 40 labels per class, and
 # ``fresh7`` (seed 2035) the target SVM as the default with many labels (O2), ``fresh8``
 # (seed 2036) self-training validated on the folds (STV), ``fresh9`` (seed 2037) the
-# one-label guard (G1), ``fresh10`` (seed 2038) the pull validated by the guard (PA).
+# one-label guard (G1), ``fresh10`` (seed 2038) the pull validated by the guard (PA),
+# ``fresh11`` (seed 2039) the pull held to its design strength (PS), ``fresh12`` (seed
+# 2046) PA again, after its W-step was made fast.
 SEEDS = {
     **SELECTION_SEEDS, "fresh2": 2029, "fresh3": 2030, "fresh4": 2031, "fresh5": 2032,
     "fresh6": 2034, "fresh7": 2035, "fresh8": 2036, "fresh9": 2037, "fresh10": 2038,
-    "fresh11": 2039,
+    "fresh11": 2039, "fresh12": 2046,
 }  # fmt: skip
 N_CLASSES = 10
 HALF = {"prior": "matrix", "prior_weight": 0.5, "c_f": 1.0}
