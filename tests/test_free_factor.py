@@ -1,11 +1,11 @@
 """The polish's factor carried through fixed variables (core/free_factor.py).
 
 References: the block itself (``Rᵀ R`` against the sub-block of ``H``), ``numpy.linalg.solve``
-for the Newton step, and the polish that refactorises every block (the updates off) for a
-whole box QP. Tolerances: the reconstructed blocks and the solves are backward stable, so
-their errors are a few units of rounding times the block's norm (1e-12 relative on these
-well-conditioned blocks of norm ~1); two exact solves of one strictly convex QP agree to
-the polish's accuracy (objective 1e-12 relative, minimiser 1e-8).
+for the Newton step, and the polish that refactorises every block (the updates off).
+Tolerances: the reconstructed blocks and the solves are backward stable, so their errors
+are a few units of rounding times the block's norm (1e-12 relative on these
+well-conditioned blocks of norm ~1), and so are two polishes that solve the same Newton
+systems by the two routes.
 """
 
 import numpy as np
@@ -13,8 +13,8 @@ import pytest
 from scipy.linalg import lapack
 
 from mmdtl2_dist.core import dcd, free_factor
-from mmdtl2_dist.core.dcd import dcd_box_qp
 from mmdtl2_dist.core.free_factor import RegularFactor, drop_columns
+from mmdtl2_dist.core.kron import ScaledKron
 
 
 def _block(n, seed):
@@ -69,31 +69,51 @@ def test_a_kept_factor_solves_and_multiplies_as_its_block_after_variables_are_fi
     assert f.without(many) is None
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_polish_with_kept_factors_reaches_the_refactorising_polishs_optimum(seed, monkeypatch):
-    """A box QP whose polish fixes many variables one at a time, solved with every free
-    block kept and updated (threshold 0) and with every block refactorised (threshold
-    above its size): the same objective and minimiser, both exact (KKT 1e-10)."""
+def _blocked_polish_problem(seed, unbuilt, out=0.03):
+    """A box QP whose Newton polish from an interior point is blocked again and again:
+    the unconstrained optimum lies inside the box but for 3 % of the variables, which
+    the loop fixes a few at a time. The unbuilt W-step Hessian, or the same built."""
     rng = np.random.default_rng(seed)
-    n = 300
-    A = rng.standard_normal((n, n))
-    H = A @ A.T / n + 0.05 * np.eye(n)
-    f = 2.0 * rng.standard_normal(n)
-    lb, ub = np.zeros(n), np.full(n, 0.5)
-    runs = []
-    for keep_at in (0, n + 1):
+    K, M = 6, 40
+    A = rng.standard_normal((K, K + 2))
+    B = rng.standard_normal((M, M + 5))
+    A, B = A @ A.T, B @ B.T / M + 0.1 * np.eye(M)
+    s = rng.choice([-1.0, 1.0], K * M) / np.sqrt(np.kron(np.diag(A), np.diag(B)))
+    H = ScaledKron(A, B, s)
+    inside = rng.uniform(0.0, 1.0, K * M)
+    f = H.dense() @ np.where(rng.random(K * M) < out, 1.3, inside)
+    return (H if unbuilt else H.dense()), f, inside, np.zeros(K * M), np.ones(K * M)
+
+
+@pytest.mark.parametrize("unbuilt", [True, False], ids=["unbuilt", "built"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_polish_with_kept_factors_lands_where_the_refactorising_polish_does(
+    seed, unbuilt, monkeypatch
+):
+    """One polish from the same point with every free block's factor kept and updated
+    (threshold 0) and with every block refactorised: the same point to 1e-12 (both solve
+    the same Newton systems; a wrong update, permutation or block moves it far more),
+    after updates in a row."""
+    H, f, x0, lb, ub = _blocked_polish_problem(seed, unbuilt)
+    updates, real = [], free_factor.RegularFactor.without
+    monkeypatch.setattr(
+        free_factor.RegularFactor, "without",
+        lambda self, fixed: (r := real(self, fixed), updates.append(r is not None))[0],
+    )  # fmt: skip
+    ends = []
+    for keep_at in (0, 10**9):
         monkeypatch.setattr(dcd, "KEEP_FACTOR_AT", keep_at)
-        kept = []
-        real = free_factor.RegularFactor.without
-        monkeypatch.setattr(
-            free_factor.RegularFactor, "without",
-            lambda self, fixed, real=real, kept=kept: (kept.append(1), real(self, fixed))[1],
-        )  # fmt: skip
-        r = dcd_box_qp(H, f, lb, ub, None, 1e-10, max_epochs=2)  # the polish does the work
-        assert r.ok
-        runs.append((r.x, len(kept)))
-    (x_kept, n_updates), (x_fresh, n_none) = runs
-    assert n_updates > 0 and n_none == 0
-    obj = [0.5 * x @ H @ x - f @ x for x in (x_kept, x_fresh)]
-    assert abs(obj[0] - obj[1]) <= 1e-12 * abs(obj[1])
-    np.testing.assert_allclose(x_kept, x_fresh, atol=1e-8)
+        updates.clear()
+        ends.append((dcd._polish(H, f, x0, lb, ub)[0], sum(updates)))
+    (x_kept, n_updates), (x_fresh, n_none) = ends
+    assert n_updates >= 2 and n_none == 0  # the second drops from an updated factor
+    np.testing.assert_allclose(x_kept, x_fresh, rtol=0, atol=1e-12)
+    assert np.all((x_fresh >= lb) & (x_fresh <= ub)) and np.any(x_fresh == ub)
+
+
+def test_a_factor_with_nothing_fixed_is_itself():
+    """A mask fixing nothing keeps the factor (no column to drop)."""
+    H, _ = _block(20, 4)
+    f = _factor(H, "F")
+    assert f.without(np.zeros(20, bool)) is f
+    assert np.array_equal(drop_columns(f.R, np.zeros(0, np.int64)), f.R)

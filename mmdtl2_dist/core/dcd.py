@@ -274,10 +274,8 @@ def _newton_step(Hff, gF):
 
 
 def _free_gradient(H, free, x, f):
-    """The gradient ``(H x − f)_F`` of the free variables ``F``."""
-    if isinstance(H, ScaledKron):
-        return (H @ x)[free] - f[free]
-    return H[free] @ x - f[free]
+    """The gradient ``(H x − f)_F`` of the free variables ``F``, no rows of ``H`` copied."""
+    return (H @ x)[free] - f[free]
 
 
 def _free_block(H, free, x, f):
@@ -285,7 +283,7 @@ def _free_block(H, free, x, f):
     if isinstance(H, ScaledKron):
         check_free_block_fits(H, free.size)
         return H.block(free), _free_gradient(H, free, x, f)
-    return H[np.ix_(free, free)], _free_gradient(H, free, x, f)
+    return H[np.ix_(free, free)], H[free] @ x - f[free]
 
 
 def check_free_block_fits(H: ScaledKron, n_free: int) -> None:

@@ -38,6 +38,8 @@ def drop_columns(R: np.ndarray, q: np.ndarray) -> np.ndarray:
     (diagonal kept non-negative). Returns a C-ordered upper triangular array; it and ``R``
     are the only arrays of their size.
     """
+    if q.size == 0:
+        return np.array(R, order="C")
     if R.flags.f_contiguous:  # read R by columns: Rᵀ is C-ordered
         return _drop_columns(R.T, q, True)
     return _drop_columns(np.ascontiguousarray(R), q, False)
@@ -116,9 +118,11 @@ class RegularFactor:
         """The factor of the block without the variables ``fixed`` (a mask), or None.
 
         None when too many are fixed at once (:data:`MOST_DROPPED`) or all are: a new
-        factorisation is then the cheaper way.
+        factorisation is then the cheaper way. Itself when none is.
         """
         n_fixed = int(fixed.sum())
+        if n_fixed == 0:
+            return self
         if n_fixed > MOST_DROPPED * fixed.size or n_fixed == fixed.size:
             return None
         at = np.flatnonzero(fixed[self.perm])  # their pivot positions, sorted
