@@ -429,7 +429,9 @@ def select_auto(
     by_dim = {}  # candidates of one dimension share the pool's eigendecomposition
     for c in names:
         d = pca_dim(c, n_classes, p)
-        maps[c] = by_dim[d] if d in by_dim else by_dim.setdefault(d, candidate_map(pool, d, learn))
+        if d not in by_dim:
+            by_dim[d] = candidate_map(pool, d, learn)
+        maps[c] = by_dim[d]
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
             hinge[c], scores[c], classes, per_fold[c] = fold_fits(
