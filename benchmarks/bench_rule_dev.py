@@ -476,13 +476,14 @@ def frozen_pick(rec, also=()) -> tuple[str, int]:
     without per-class folds its one-label default F (the records hold no leave-classes-out
     fits; ``bench_one_label_dev.py`` scores the one-label guard), else the default guarded
     against the alternatives (:func:`~mmdtl2_dist.core.auto.default_and_alternatives`)
-    and the record labels ``also`` by the paired held-out hinge loss. Records need the
-    target SVM's (:func:`svm_cv`)."""
+    and the record labels ``also`` by the paired held-out hinge loss, among the candidates
+    the record has fits of (not D0). Records need the target SVM's (:func:`svm_cv`)."""
     if not rec["cv_hit"].get(FROZEN["default"]):
         return FROZEN["no_folds"], 1
     default, alternatives = default_and_alternatives(rec["job"][4])
     label = lambda c: CANDIDATES_AUTO[c].label  # noqa: E731
-    alts = (*map(label, alternatives), *also)
+    held = rec["cv_hit"]  # records hold no fits of D without the pull (D0)
+    alts = (*(label(c) for c in alternatives if label(c) in held), *also)
     return guarded(label(default), alts, FROZEN["signal"], FROZEN["z"])(rec)
 
 
@@ -829,10 +830,6 @@ def main() -> None:
         "--c-d", type=float, default=None,
         help="the caller's c_d for the rule's MMDTL2 candidates (--frozen; default the core's)",
     )  # fmt: skip
-    ap.add_argument(
-        "--pull-alternative", action="store_true",
-        help="dev variant: D with c_d = 0 as one more alternative (--frozen; pull_alternative.py)",
-    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rules", type=Path, default=None, help="records to score rules on")
     ap.add_argument("--frozen", action="store_true", help="run only the frozen rule")
@@ -890,11 +887,6 @@ def main() -> None:
         suffix += f"_{args.rule_source}"
     if args.c_d is not None:
         suffix += f"_cd{args.c_d:g}"
-    if args.pull_alternative:
-        from pull_alternative import add_pull_alternative
-
-        add_pull_alternative()
-        suffix += "_pull_alternative"
     args.out = args.out or Path(__file__).parent / "results" / f"rule_{args.set}{suffix}.json"
     if args.out.is_dir():  # refused now, not after the run
         ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
@@ -905,11 +897,11 @@ def main() -> None:
         else (lambda job, d, seed: collect_frozen(job, d, seed, caller)) if args.frozen
         else collect
     )  # fmt: skip
-    if (
-        args.classes or args.source_per_class or args.rule_source or caller or args.pull_alternative
-    ) and (not args.frozen or args.variants is not None):
+    if (args.classes or args.source_per_class or args.rule_source or caller) and (
+        not args.frozen or args.variants is not None
+    ):
         ap.error(
-            "--classes, --source-per-class, --rule-source, --c-d and --pull-alternative run the "
+            "--classes, --source-per-class, --rule-source and --c-d run the "
             "frozen rule only: add --frozen and leave out --variants"
         )
     variations = [
@@ -947,7 +939,6 @@ def main() -> None:
         + ("" if not args.source_per_class else f" --source-per-class {args.source_per_class}")
         + (f" --rule-source {args.rule_source}" if args.rule_source else "")
         + (f" --c-d {args.c_d:g}" if caller else "")
-        + (" --pull-alternative" if args.pull_alternative else "")
         + ("" if args.variants is None else " --variants " + " ".join(args.variants)).rstrip(),
         "datasets": datasets,
         "labels": args.labels,

@@ -72,11 +72,7 @@ def one_split(job) -> dict:
 
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
-    data, shift, n, split, seed, records, caller, pull_alternative = job
-    if pull_alternative:
-        from pull_alternative import add_pull_alternative
-
-        add_pull_alternative()
+    data, shift, n, split, seed, records, caller = job
     Xs, ys, Xt, yt = load_shift(Path(data), shift)
     rng = np.random.default_rng([seed, list(SHIFTS).index(shift), n, split])
     lab = labelled_rows(yt, n, rng)
@@ -191,15 +187,13 @@ def main() -> None:
                     help="also every candidate's accuracy had the rule picked it")  # fmt: skip
     ap.add_argument("--c-d", type=float, default=None,
                     help="the caller's c_d for the rule's MMDTL2 candidates")  # fmt: skip
-    ap.add_argument("--pull-alternative", action="store_true",
-                    help="dev variant: D with c_d = 0 as one more alternative")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/rule_pixels.json"))
     args = ap.parse_args()
     if args.out.is_dir():  # refused now, not after the run
         ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     caller = {} if args.c_d is None else {"c_d": args.c_d}
-    jobs = [(str(args.data), s, n, k, SEEDS[args.set], args.records, caller, args.pull_alternative)
+    jobs = [(str(args.data), s, n, k, SEEDS[args.set], args.records, caller)
             for s in args.shifts for n in args.labels for k in range(args.splits)]  # fmt: skip
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:

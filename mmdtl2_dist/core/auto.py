@@ -1,8 +1,9 @@
 """``select="auto"``: the selection rule frozen on development data, on Gram matrices.
 
 The rule (BENCHMARKS.md, "Selection rule, frozen 2026-11-26 on dev data"; its version
-string :data:`AUTO_RULE` is recorded with every result it produces) picks among five
-candidates on one axis, how much to trust the source:
+string :data:`AUTO_RULE` is recorded with every result it produces) picks among six
+candidates on two axes, how much to trust the source and how hard to pull the labelled
+targets towards their class's source samples:
 
 - **D** (the default up to :data:`MANY_LABELS` labels a class): MMDTL2 with the
   shared-PCA prior ``W0 = P Pᵀ`` over the pool, ``d = min(4C, p − 1)`` (lowered to the
@@ -15,16 +16,24 @@ candidates on one axis, how much to trust the source:
   only when the labelled targets cover every class of the source: it cannot predict a
   class it has no labelled sample of;
 - **S** (trust the source): MMDTL2 with the identity prior ``W0 = I`` at weight 1;
+- **D0** (D without the L2 pull): D with ``c_d = 0`` whatever the caller's ``c_d``. The
+  pull ties each labelled target to its class's source mean; with many labelled targets
+  and a large source it costs MMDTL2 up to 22 points on the pixel dev data, and on
+  near-ceiling deep features it helps (BENCHMARKS.md, "The L2 pull's weight ``c_d`` with
+  more labels"), so the folds choose. A candidate with at
+  most :data:`NO_PULL_MOST_CLASSES` classes, the most it was designed and confirmed
+  with: without the pull the W-step's block of free dual variables grows with the
+  classes (a 65-class fit at 10 labels a class was stopped at 9.8 GB after 25 minutes);
 - **F** (the default at one labelled target in some class): MMDTL2 with the shared-PCA
   prior, ``d = min(2C, p − 1)``, weight 1;
 - **N** (nearly the source SVM, F's alternative): MMDTL2 with the identity prior at weight
   1 and ``c_f = 100``, which holds ``W`` near ``I``;
 
 the MMDTL2 candidates with ``c_f = 1`` and the caller's other MMDTL2 parameters (the
-core's defaults unless given), the L2 pull's ``c_d`` held to its design strength with a
-large source (:func:`rule_pull`: times ``min(1, 20 / n̄)``, ``n̄`` the labelled source
-samples a class on average). ``C`` is the number of classes (of the labelled source and
-target samples) and ``p`` the pool size.
+core's defaults unless given), the L2 pull's ``c_d`` (except D0's) held to its design
+strength with a large source (:func:`rule_pull`: times ``min(1, 20 / n̄)``, ``n̄`` the
+labelled source samples a class on average). ``C`` is the number of classes (of the
+labelled source and target samples) and ``p`` the pool size.
 
 **The pool** (:class:`~mmdtl2_dist.core.priors.SamplePool`) is what the shared-PCA prior
 learns from, without labels: the labelled source samples and every target sample the
@@ -44,11 +53,11 @@ to 7 points and the guarded rule still loses up to 4), and kept F on the digits,
 gained. With fewer than two such classes, F alone, one fit.
 Otherwise ``min(n, 3)`` per-class folds in canonical order
 (:func:`~mmdtl2_dist.core.selection.cv_folds`, fold ``j`` holds out the ``j``-th sample of
-every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O and S are fitted
-on every fold and each held-out sample gets its multiclass hinge loss ``h``. The default
-``d`` is D with alternatives (O, S), or O with alternatives (D, S) when ``n`` exceeds
-:data:`MANY_LABELS`; D with the alternative S alone when O is no candidate
-(:func:`default_and_alternatives`). For each alternative ``a``:
+every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O, S and D0
+are fitted on every fold and each held-out sample gets its multiclass hinge loss ``h``.
+The default ``d`` is D with alternatives (O, S, D0), or O with alternatives (D, S, D0) when ``n``
+exceeds :data:`MANY_LABELS`; without O when it is no candidate and without D0 above
+:data:`NO_PULL_MOST_CLASSES` classes (:func:`default_and_alternatives`). For each alternative ``a``:
 ``g_a`` = mean over held-out samples of ``h_d − h_a``, ``se_a`` = their standard
 deviation (``ddof=1``) / √(number held out). If some ``g_a > se_a``, the alternative with
 the larger ``g_a`` (the first listed on a tie); otherwise the default.
@@ -77,13 +86,14 @@ dropped when it raised the held-out hinge loss by more than :data:`SELF_TRAINING
 standard errors (the guard's test, with self-training as the default). On raw-pixel dev
 data (MNIST → USPS, 3 labels a class) the MMDTL2 picks lost 7.0 points to self-training
 although 90 % of their pseudo-labels were right; the folds see it. Fits: at most
-``3·min(n, 3) + min(n, 3) + 1`` = 13.
+``4·min(n, 3) + min(n, 3) + 1`` = 16.
 
 Designed on dev data and confirmed on new split sets (BENCHMARKS.md, "Self-training from
 the rule's fold fits (STF)", "Twice the pseudo-labels on hard shifts (STFH)", "The target
 SVM as the rule's alternative (O)", "Self-training validated on the folds (STV)", "The
 one-label guard (G1)" and "The L2 pull held to its design strength with a large source
-(PS)", which also give the earlier versions).
+(PS)", "The pull validated by the guard" and, for PA's confirmation, "The W-step without
+the pull", which also give the earlier versions).
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here and in :mod:`mmdtl2_dist.core.auto_folds` (its folds), not parameters.
@@ -112,7 +122,7 @@ from mmdtl2_dist.core.self_training import (
     unlabelled_rows,
 )
 
-AUTO_RULE = "auto-2026-11-28-ps"
+AUTO_RULE = "auto-2026-11-29-pa"
 HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
 DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
 # Labelled targets per class above which labels are "many": the target SVM is the default
@@ -124,6 +134,8 @@ SELF_TRAINING_Z = 1.0
 # Labelled source samples per class up to which the L2 pull keeps the caller's ``c_d``; with
 # more, ``c_d`` is scaled down so that the pull on a labelled target stays what it is here.
 PULL_SOURCES_PER_CLASS = 20
+# Classes up to which D without the pull (D0) is a candidate.
+NO_PULL_MOST_CLASSES = 20
 # What the rule chooses for its MMDTL2 candidates; the caller sets the rest (the target
 # SVM, candidate O, keeps its own c_t and linear kernel: :func:`rule_params`).
 RULE_KEYS = ("prior", "prior_weight", "c_f")
@@ -149,16 +161,19 @@ CANDIDATES = {
     "D": Candidate("D", "shared PCA d=4C λ=0.5", {**_PCA, "prior_weight": 0.5}, 4),
     "O": Candidate("O", "target SVM", {"c_t": 1.0}, None, method="target_svm"),
     "S": Candidate("S", "identity λ=1", {**_IDENTITY, "prior_weight": 1.0}, None),
+    "D0": Candidate(
+        "D0", "shared PCA d=4C λ=0.5 c_d=0", {**_PCA, "prior_weight": 0.5, "c_d": 0.0}, 4
+    ),
     "F": Candidate("F", "shared PCA d=2C", {**_PCA, "prior_weight": 1.0}, 2),
     "N": Candidate(
         "N", "identity λ=1 c_f=100", {**_IDENTITY, "prior_weight": 1.0, "c_f": 100.0}, None
     ),
 }
-DEFAULT, ALTERNATIVES = "D", ("O", "S")
+DEFAULT, ALTERNATIVES = "D", ("O", "S", "D0")
 #: The default and its alternatives at one labelled target in some class.
 ONE_LABEL_DEFAULT, ONE_LABEL_ALTERNATIVES = "F", ("N",)
 #: The default and its alternatives when every class has more than :data:`MANY_LABELS`.
-MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES = "O", ("D", "S")
+MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES = "O", ("D", "S", "D0")
 #: The parameters of the caller's that the target SVM (candidate O) takes.
 TARGET_SVM_KEYS = ("qp_solver", "qp_tol")
 
@@ -182,8 +197,9 @@ class AutoChoice:
     held-out hinge loss the self-trained fold fits saved, and its standard error (``None``
     when no self-training was asked). ``fold_kind``: ``"per_class"``, ``"class_groups"``
     (leave-classes-out, at one labelled target in some class) or ``None`` (no folds).
-    ``c_d``: the L2 pull's weight the MMDTL2 candidates were fitted with
-    (:func:`rule_pull`), also when the pick is the target SVM.
+    ``c_d``: the L2 pull's weight of the pick: 0 for D0, else the weight the other
+    MMDTL2 candidates were fitted with (:func:`rule_pull`), also when the pick is the
+    target SVM.
     """
 
     pick: str
@@ -338,24 +354,27 @@ def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
 
 
 def default_and_alternatives(
-    fewest_per_class: int, target_covers: bool = True
+    fewest_per_class: int, target_covers: bool = True, n_classes: int = 2
 ) -> tuple[str, tuple[str, ...]]:
     """The guard's default and alternatives, by the smallest class's labelled count.
 
-    F guarded by N at one labelled target (leave-classes-out folds). D guarded by (O, S);
-    when every class has more than :data:`MANY_LABELS` labelled targets, the target SVM
-    guarded by (D, S). On dev, the target SVM as the default lost at 3 and 10 labels per
-    class (1.1 and 0.6 points) and won at 20 and 40, where every MMDTL2 candidate fell
-    below it on SURF. Without ``target_covers`` (some source class has no labelled
-    target) the target SVM is no candidate: D guarded by S.
+    F guarded by N at one labelled target (leave-classes-out folds). D guarded by (O, S,
+    D0); when every class has more than :data:`MANY_LABELS` labelled targets, the target
+    SVM guarded by (D, S, D0). On dev, the target SVM as the default lost at 3 and 10
+    labels per class (1.1 and 0.6 points) and won at 20 and 40, where every MMDTL2
+    candidate fell below it on SURF. Without ``target_covers`` (some source class has no
+    labelled target) the target SVM is no candidate: D guarded by S and D0. D0 is no
+    candidate with more than :data:`NO_PULL_MOST_CLASSES` classes (``n_classes``).
     """
     if fewest_per_class < 2:
         return ONE_LABEL_DEFAULT, ONE_LABEL_ALTERNATIVES
+    default, alternatives = DEFAULT, ALTERNATIVES
+    if target_covers and fewest_per_class > MANY_LABELS:
+        default, alternatives = MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES
+    drop = {"D0"} if n_classes > NO_PULL_MOST_CLASSES else set()
     if not target_covers:
-        return DEFAULT, tuple(a for a in ALTERNATIVES if CANDIDATES[a].method == "mmdtl2")
-    if fewest_per_class > MANY_LABELS:
-        return MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES
-    return DEFAULT, ALTERNATIVES
+        drop |= {c for c in alternatives if CANDIDATES[c].method != "mmdtl2"}
+    return default, tuple(a for a in alternatives if a not in drop)
 
 
 def choice_table(names, dims, hinge, gains) -> list[dict]:
@@ -421,7 +440,7 @@ def select_auto(
     folds, per_class = rule_folds(pool, ys, yt)
     counts = np.unique(yt, return_counts=True)[1]
     n_min = int(counts.min())
-    default, alternatives = default_and_alternatives(n_min, bool(np.isin(ys, yt).all()))
+    default, alternatives = default_and_alternatives(n_min, bool(np.isin(ys, yt).all()), n_classes)
     names = [default, *alternatives] if folds else [default]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if per_class else unl[:0])
@@ -460,7 +479,7 @@ def select_auto(
         choice_table(names, dims, hinge, gains), len(folds), n_min, p,
         pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, labels, len(unl), times,
         st_check, ("per_class" if per_class else "class_groups") if folds else None,
-        params["c_d"],
+        picked_params(pick, params).get("c_d", params["c_d"]),
     )  # fmt: skip
 
 
