@@ -77,8 +77,8 @@ from bench_priors_dev import DATASETS, prior_maps, shift_grams
 from bench_selection import SEEDS as SELECTION_SEEDS
 from threadpoolctl import threadpool_limits
 
+from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.auto import (
-    ALTERNATIVES,
     DEFAULT,
     ONE_LABEL_DEFAULT,
     candidate_map,
@@ -90,7 +90,6 @@ from mmdtl2_dist.core.auto import (
     rule_params,
     rule_pull,
 )
-from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.priors import SamplePool
 from mmdtl2_dist.core.selection import (
@@ -480,7 +479,7 @@ def frozen_pick(rec, also=()) -> tuple[str, int]:
     the record has fits of (not D0). Records need the target SVM's (:func:`svm_cv`)."""
     if not rec["cv_hit"].get(FROZEN["default"]):
         return FROZEN["no_folds"], 1
-    default, alternatives = default_and_alternatives(rec["job"][4])
+    default, alternatives = default_and_alternatives(rec["job"][4], no_pull=True)
     label = lambda c: CANDIDATES_AUTO[c].label  # noqa: E731
     held = rec["cv_hit"]  # records hold no fits of D without the pull (D0)
     alts = (*(label(c) for c in alternatives if label(c) in held), *also)
@@ -547,7 +546,7 @@ FOLD_SELF_TRAINING = {
     "STF2A": (2, True),
     "STFH": (None, False),
 }
-ENSEMBLE = (DEFAULT, *ALTERNATIVES)  # D, O and S, refitted on all labelled targets
+ENSEMBLE = ("D", "O", "S")  # refitted on all labelled targets (the dev variants ENS)
 
 
 def hard_shift_times(choice, yt) -> int:

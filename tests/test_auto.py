@@ -27,6 +27,7 @@ from mmdtl2_dist.core.auto import (
     default_and_alternatives,
     fit_predict_auto,
     guarded_pick,
+    no_pull_is_a_candidate,
     pca_dim,
     pool_problem,
     pseudo_labels_per_labelled,
@@ -302,28 +303,14 @@ def test_guard_needs_gain_above_its_standard_error():
 
 def test_with_more_than_10_labels_in_every_class_the_target_svm_is_the_default():
     """Dev: the target SVM as the default lost at 3 and 10 labels a class, won at 20, 40."""
-    assert default_and_alternatives(10) == ("D", ("O", "S", "D0"))
-    assert default_and_alternatives(11) == ("O", ("D", "S", "D0"))
-    assert default_and_alternatives(11, False) == ("D", ("S", "D0"))
-    assert default_and_alternatives(1) == default_and_alternatives(1, False) == ("F", ("N",))
-
-
-def test_d_without_the_pull_is_a_candidate_up_to_20_classes():
-    """D0 was designed and confirmed with 10 and 20 classes; without the pull the W-step's
-    free block grows with the classes, so above 20 the guard leaves it out."""
-    for n, covers in ((3, True), (11, True), (3, False)):
-        default, alternatives = default_and_alternatives(n, covers, 20)
-        assert "D0" in alternatives
-        assert default_and_alternatives(n, covers, 21) == (
-            default,
-            tuple(a for a in alternatives if a != "D0"),
-        )
-    assert default_and_alternatives(1, True, 21) == ("F", ("N",))
-    # the rule counts the classes of the labelled source and target samples
-    for K, names in ((20, ["D", "O", "S", "D0"]), (21, ["D", "O", "S"])):
-        Xs, ys, Xt, yt, Xu, _, _ = auto_devices(K=K, N=2 * K, per_class=2, U=2 * K)
-        choice = select_auto(gram_pool(Xs, Xt, Xu), ys, yt)
-        assert [row["candidate"] for row in choice.table] == names
+    assert default_and_alternatives(10, no_pull=True) == ("D", ("O", "S", "D0"))
+    assert default_and_alternatives(11, no_pull=True) == ("O", ("D", "S", "D0"))
+    assert default_and_alternatives(11, False, no_pull=True) == ("D", ("S", "D0"))
+    assert (
+        default_and_alternatives(1, no_pull=True)
+        == default_and_alternatives(1, False, no_pull=True)
+        == ("F", ("N",))
+    )
     h = np.array([1.0, 0.8, 1.2, 1.0])
     # the default stays unless an alternative gains more than its standard error
     assert (
@@ -331,6 +318,59 @@ def test_d_without_the_pull_is_a_candidate_up_to_20_classes():
         == "O"
     )
     assert guarded_pick({"O": h, "D": h - 0.3, "S": h}, "O", ("D", "S"))[0] == "D"
+
+
+def test_d_without_the_pull_is_a_candidate_up_to_20_classes_and_8000_variables():
+    """D0 was designed and confirmed with 10 and 20 classes, and timed up to 20 x 400
+    labelled W-step variables; without the pull the W-step's free block grows with both,
+    so beyond them the guard leaves it out. With the caller's c_d = 0 it would be D."""
+    assert no_pull_is_a_candidate(20, 400, 0.1) and no_pull_is_a_candidate(2, 4000, 1e-9)
+    assert not no_pull_is_a_candidate(21, 63, 0.1)  # 21 classes, 3 labels a class
+    assert not no_pull_is_a_candidate(20, 401, 0.1) and not no_pull_is_a_candidate(10, 60, 0)
+    for n, covers in ((3, True), (11, True), (3, False)):
+        default, alternatives = default_and_alternatives(n, covers, no_pull=True)
+        assert "D0" in alternatives
+        assert default_and_alternatives(n, covers, no_pull=False) == (
+            default,
+            tuple(a for a in alternatives if a != "D0"),
+        )
+    assert default_and_alternatives(1, True, no_pull=False) == ("F", ("N",))
+    # through the rule: the classes of the labelled source and target samples, the
+    # labelled targets, the caller's c_d (as the rule scales it: 20 source samples a class)
+    cases = ((20, 2, {}, ["D", "O", "S", "D0"]), (21, 2, {}, ["D", "O", "S"]),
+             (3, 3, {"c_d": 0.0}, ["D", "O", "S"]))  # fmt: skip
+    for K, per_class, params, names in cases:
+        Xs, ys, Xt, yt, Xu, _, _ = auto_devices(K=K, N=2 * K, per_class=per_class, U=2 * K)
+        choice = select_auto(gram_pool(Xs, Xt, Xu), ys, yt, params)
+        assert [row["candidate"] for row in choice.table] == names
+
+
+def test_a_d0_pick_self_trains_and_fits_without_the_pull_whatever_the_callers_c_d(
+    monkeypatch,
+):
+    """Every fit of a D0 pick (the self-trained fold fits of the check and the final fit)
+    takes c_d = 0, also when the caller gave another; the estimator fits the same model."""
+    seen, real = [], auto_module.self_trained_fold_hinge
+    monkeypatch.setattr(
+        auto_module, "guarded_pick", lambda hinge, d, alts: ("D0", {a: (0.0, 0.0) for a in alts})
+    )
+    monkeypatch.setattr(
+        auto_module,
+        "self_trained_fold_hinge",
+        lambda method, params, *a: seen.append(params["c_d"]) or real(method, params, *a),
+    )
+    Xs, ys, Xt, yt, Xu, Xq, _ = auto_devices(seed=1, per_class=3)
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xq), ys, yt, {"c_d": 0.3})
+    assert choice.pick == "D0" and seen == [0.0] and len(choice.pseudo_rows) > 0
+    assert choice.params["c_d"] == res.info["auto"]["c_d"] == 0.0
+    np.testing.assert_array_equal(
+        fit_predict("mmdtl2", choice.params, choice.problem).scores, res.scores
+    )
+    pulled = fit_predict("mmdtl2", {**choice.params, "c_d": 0.3}, choice.problem)
+    assert not np.allclose(pulled.scores, res.scores)
+    est = MMDTL2(select="auto", c_d=0.3).fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xq)
+    assert est.auto_["pick"] == "D0" and est.auto_["c_d"] == 0.0
+    np.testing.assert_allclose(est.decision_function(Xq), res.scores, rtol=1e-6, atol=1e-6)
 
 
 def test_a_split_with_many_labels_leaves_the_target_svm_only_for_a_clear_gain():

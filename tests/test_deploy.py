@@ -260,7 +260,7 @@ def test_register_default_is_the_auto_rule_with_the_unlabelled_targets(tmp_path)
     device's unlabelled samples (label -1 in the store), its rule and pool recorded."""
     import mlflow
 
-    from mmdtl2_dist.core.auto import AUTO_RULE
+    from mmdtl2_dist.core.auto import AUTO_RULE, CANDIDATES
 
     study = record_study(tmp_path / "s", unlabelled=6)
     assert main(["register", str(study), "--name", "auto", "--quiet"]) == 0
@@ -270,7 +270,7 @@ def test_register_default_is_the_auto_rule_with_the_unlabelled_targets(tmp_path)
     assert tags["selected_by"] == f"recommended configuration (select='auto', rule {AUTO_RULE})"
     assert tags["auto_rule"] == AUTO_RULE and tags["select_grid"] == "auto"
     assert tags["auto_pool_size"] == str(60 + 45) and tags["n_unlabelled_target"] == "6"
-    assert tags["n_train_target"] == "39" and json.loads(tags["auto_choice"])["pick"] in "DOS"
+    assert tags["n_train_target"] == "39" and json.loads(tags["auto_choice"])["pick"] in CANDIDATES
     assert AUTO_RULE in mv.description and "6 unlabelled target samples" in mv.description
     fs = FeatureStore.open(study.parent / "store.zarr")
     Xt = fs.read("cam_b", "f")
@@ -895,7 +895,8 @@ def test_deployed_method_and_params_name_the_rules_pick():
     """What a registered select='auto' version records is the pick's model: the target
     SVM keeps only its c_t and the configuration's solver settings; an MMDTL2 pick
     replaces the configuration's prior, weight and c_f, and records the c_d the rule
-    fitted with (scaled with a large source); without the rule, the configuration's own."""
+    fitted it with (scaled with a large source, 0 for D0); without the rule, the
+    configuration's own."""
     from types import SimpleNamespace
 
     from mmdtl2_dist.deploy.registry import deployed_method_and_params
@@ -913,6 +914,11 @@ def test_deployed_method_and_params_name_the_rules_pick():
         "c_f": 1.0,
         "c_d": 0.05,
     }
+    # D without the pull: c_d = 0 whatever the configuration's
+    d0 = SimpleNamespace(
+        full_params={**full, "c_d": 0.1}, auto={"pick": "D0", "method": "mmdtl2", "c_d": 0.0}
+    )
+    assert deployed_method_and_params(cfg, d0)[1] == {**params, "c_d": 0.0}
     fixed = SimpleNamespace(full_params=full, auto=None)
     assert deployed_method_and_params(cfg, fixed) == ("mmdtl2", full)
 

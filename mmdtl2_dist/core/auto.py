@@ -20,10 +20,13 @@ targets towards their class's source samples:
   pull ties each labelled target to its class's source mean; with many labelled targets
   and a large source it costs MMDTL2 up to 22 points on the pixel dev data, and on
   near-ceiling deep features it helps (BENCHMARKS.md, "The L2 pull's weight ``c_d`` with
-  more labels"), so the folds choose. A candidate with at
-  most :data:`NO_PULL_MOST_CLASSES` classes, the most it was designed and confirmed
-  with: without the pull the W-step's block of free dual variables grows with the
-  classes (a 65-class fit at 10 labels a class was stopped at 9.8 GB after 25 minutes);
+  more labels"), so the folds choose. A candidate with at most
+  :data:`NO_PULL_MOST_CLASSES` classes, the most it was designed and confirmed with, and
+  at most :data:`NO_PULL_MOST_VARIABLES` labelled W-step variables (classes × labelled
+  targets), the largest such fit timed (:func:`no_pull_is_a_candidate`): without the
+  pull the W-step's block of free dual variables grows with both (a 65-class fit at 10
+  labels a class was stopped at 9.8 GB after 25 minutes). Not fitted either when the
+  caller's ``c_d`` is 0: it would be D;
 - **F** (the default at one labelled target in some class): MMDTL2 with the shared-PCA
   prior, ``d = min(2C, p − 1)``, weight 1;
 - **N** (nearly the source SVM, F's alternative): MMDTL2 with the identity prior at weight
@@ -56,8 +59,8 @@ Otherwise ``min(n, 3)`` per-class folds in canonical order
 every class by :func:`~mmdtl2_dist.core.selection.canonical_order`); D, O, S and D0
 are fitted on every fold and each held-out sample gets its multiclass hinge loss ``h``.
 The default ``d`` is D with alternatives (O, S, D0), or O with alternatives (D, S, D0) when ``n``
-exceeds :data:`MANY_LABELS`; without O when it is no candidate and without D0 above
-:data:`NO_PULL_MOST_CLASSES` classes (:func:`default_and_alternatives`). For each alternative ``a``:
+exceeds :data:`MANY_LABELS`; without O or D0 when they are no candidates
+(:func:`default_and_alternatives`). For each alternative ``a``:
 ``g_a`` = mean over held-out samples of ``h_d − h_a``, ``se_a`` = their standard
 deviation (``ddof=1``) / √(number held out). If some ``g_a > se_a``, the alternative with
 the larger ``g_a`` (the first listed on a tie); otherwise the default.
@@ -134,8 +137,11 @@ SELF_TRAINING_Z = 1.0
 # Labelled source samples per class up to which the L2 pull keeps the caller's ``c_d``; with
 # more, ``c_d`` is scaled down so that the pull on a labelled target stays what it is here.
 PULL_SOURCES_PER_CLASS = 20
-# Classes up to which D without the pull (D0) is a candidate.
+# D without the pull (D0) is a candidate up to this many classes (the most it was designed
+# and confirmed with, COIL20) and this many W-step variables of the labelled targets,
+# classes x labelled targets (COIL20 at 20 labels a class, its largest fit timed: 18.6 s).
 NO_PULL_MOST_CLASSES = 20
+NO_PULL_MOST_VARIABLES = 8000
 # What the rule chooses for its MMDTL2 candidates; the caller sets the rest (the target
 # SVM, candidate O, keeps its own c_t and linear kernel: :func:`rule_params`).
 RULE_KEYS = ("prior", "prior_weight", "c_f")
@@ -353,25 +359,41 @@ def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     return 2 if most_per_class <= DOUBLE_UP_TO and pick_hinge >= HARD_HINGE else 1
 
 
-def default_and_alternatives(
-    fewest_per_class: int, target_covers: bool = True, n_classes: int = 2
-) -> tuple[str, tuple[str, ...]]:
-    """The guard's default and alternatives, by the smallest class's labelled count.
+def no_pull_is_a_candidate(n_classes: int, n_labelled: int, c_d: float) -> bool:
+    """Whether D without the pull (D0) is fitted.
 
-    F guarded by N at one labelled target (leave-classes-out folds). D guarded by (O, S,
-    D0); when every class has more than :data:`MANY_LABELS` labelled targets, the target
-    SVM guarded by (D, S, D0). On dev, the target SVM as the default lost at 3 and 10
-    labels per class (1.1 and 0.6 points) and won at 20 and 40, where every MMDTL2
-    candidate fell below it on SURF. Without ``target_covers`` (some source class has no
-    labelled target) the target SVM is no candidate: D guarded by S and D0. D0 is no
-    candidate with more than :data:`NO_PULL_MOST_CLASSES` classes (``n_classes``).
+    Only with a pull to drop (``c_d > 0``, else D0 is D), at most
+    :data:`NO_PULL_MOST_CLASSES` classes and :data:`NO_PULL_MOST_VARIABLES` W-step
+    variables of the ``n_labelled`` labelled targets.
+    """
+    return (
+        c_d > 0
+        and n_classes <= NO_PULL_MOST_CLASSES
+        and n_classes * n_labelled <= NO_PULL_MOST_VARIABLES
+    )
+
+
+def default_and_alternatives(
+    fewest_per_class: int, target_covers: bool = True, *, no_pull: bool
+) -> tuple[str, tuple[str, ...]]:
+    """The guard's default and alternatives.
+
+    By the smallest class's labelled count, whether the labelled targets cover the
+    source's classes, and whether D0 is a candidate. F guarded by N at one labelled
+    target (leave-classes-out folds). D guarded by (O, S, D0); when every class has more
+    than :data:`MANY_LABELS` labelled targets, the target SVM guarded by (D, S, D0). On
+    dev, the target SVM as the default lost at 3 and 10 labels per class (1.1 and 0.6
+    points) and won at 20 and 40, where every MMDTL2 candidate fell below it on SURF.
+    Without ``target_covers`` (some source class has no
+    labelled target) the target SVM is no candidate: D guarded by S and D0. Without
+    ``no_pull`` (:func:`no_pull_is_a_candidate`) D0 is none.
     """
     if fewest_per_class < 2:
         return ONE_LABEL_DEFAULT, ONE_LABEL_ALTERNATIVES
     default, alternatives = DEFAULT, ALTERNATIVES
     if target_covers and fewest_per_class > MANY_LABELS:
         default, alternatives = MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES
-    drop = {"D0"} if n_classes > NO_PULL_MOST_CLASSES else set()
+    drop = set() if no_pull else {"D0"}
     if not target_covers:
         drop |= {c for c in alternatives if CANDIDATES[c].method != "mmdtl2"}
     return default, tuple(a for a in alternatives if a not in drop)
@@ -440,7 +462,10 @@ def select_auto(
     folds, per_class = rule_folds(pool, ys, yt)
     counts = np.unique(yt, return_counts=True)[1]
     n_min = int(counts.min())
-    default, alternatives = default_and_alternatives(n_min, bool(np.isin(ys, yt).all()), n_classes)
+    no_pull = no_pull_is_a_candidate(n_classes, len(yt), params["c_d"])
+    default, alternatives = default_and_alternatives(
+        n_min, bool(np.isin(ys, yt).all()), no_pull=no_pull
+    )
     names = [default, *alternatives] if folds else [default]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if per_class else unl[:0])

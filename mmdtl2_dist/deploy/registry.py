@@ -188,8 +188,8 @@ def deployed_method_and_params(cfg, fitted) -> tuple[str, dict]:
 
     The configuration's own unless ``select="auto"`` chose: then its pick, e.g. the target
     SVM (``c_t = 1``, the configuration's solver settings) or MMDTL2 with the rule's prior,
-    weight and ``c_f`` and the ``c_d`` it fitted with (scaled with a large source) over the
-    configuration's other parameters.
+    weight and ``c_f`` and the ``c_d`` it fitted with (scaled with a large source; 0 for
+    the shared-PCA prior without the pull) over the configuration's other parameters.
     """
     if not fitted.auto:
         return cfg.method, fitted.full_params

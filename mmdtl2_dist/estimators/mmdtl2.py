@@ -60,15 +60,16 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         (:mod:`mmdtl2_dist.core.auto`, version ``AUTO_RULE``): it chooses ``prior``,
         ``prior_weight`` and ``c_f`` (the estimator's values of those, and ``W0``, are not
         used) among a shared-PCA prior learned from the source samples and every target
-        sample given (labelled and unlabelled), with or (up to 20 classes) without the
-        L2 pull, the identity prior (with ``c_f = 100`` too, at one labelled sample in
-        some class) and the target SVM (no adaptation: the linear target SVM with
-        ``c_t = 1`` whatever the estimator's ``c_t`` and kernel, ``transform`` then the
-        identity); one feature space for both devices. With the pull, ``c_d`` is scaled
-        by ``min(1, 20 / n̄)``, ``n̄`` the labelled source samples a class, so that the
-        pull per labelled target does not grow with the source (``auto_["c_d"]``: the
-        weight the pick was fitted with, 0 without the pull). Otherwise, if given,
-        candidate parameter sets, or the name of a grid of
+        sample given (labelled and unlabelled), with or (up to 20 classes and 8,000
+        labelled W-step variables) without the L2 pull, the identity prior (with
+        ``c_f = 100`` too, at one labelled sample in some class) and the target SVM (no
+        adaptation: the linear target SVM with ``c_t = 1`` whatever the estimator's
+        ``c_t`` and kernel, ``transform`` then the identity); one feature space for both
+        devices. With the pull, ``c_d`` is scaled by ``min(1, 20 / n̄)``, ``n̄`` the
+        labelled source samples a class, so that the pull per labelled target does not
+        grow with the source (``auto_["c_d"]``: the scaled weight, or 0 for a pick
+        without the pull). Otherwise, if given, candidate parameter sets, or the name of
+        a grid of
         :data:`mmdtl2_dist.core.selection.NAMED_GRIDS` (``"prior_weight"``: the prior's
         mixing weight 0, 0.25, …, 1, of the identity, or of ``W0`` with
         ``prior="matrix"``; the other parameters stay the estimator's). With fewer than 2
