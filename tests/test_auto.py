@@ -25,6 +25,7 @@ from mmdtl2_dist.core.auto import (
     CANDIDATES,
     candidate_map,
     default_and_alternatives,
+    exceeds,
     fit_predict_auto,
     guarded_pick,
     no_pull_is_a_candidate,
@@ -229,8 +230,10 @@ def test_self_training_is_dropped_when_it_hurts_the_fold_fits(monkeypatch):
     gain, se = asked.self_training_check
     assert gain >= -se  # kept here: the real check
     # stand-ins for the self-trained losses: the pick's own, moved by k standard errors
-    # of a paired difference that varies (so the threshold itself is tested)
-    for k, kept in ((-0.5, True), (0.5, True), (0.99, True), (1.01, False), (3.0, False)):
+    # of a paired difference that varies (so the threshold itself is tested; at k = 1 the
+    # loss rose by exactly one standard error, a tie: kept)
+    moves = ((-0.5, True), (0.5, True), (0.99, True), (1.0, True), (1.01, False), (3.0, False))
+    for k, kept in moves:
         monkeypatch.setattr(
             auto_module, "self_trained_fold_hinge", lambda *a, k=k: moved_hinges(a, k)
         )
@@ -299,6 +302,22 @@ def test_guard_needs_gain_above_its_standard_error():
     assert pick == "S" and gains["S"][0] == pytest.approx(0.3)
     assert guarded_pick({"D": h_d, "O": h_d - 0.2, "S": h_d - 0.3, "D0": h_d - 0.3})[0] == "S"
     assert paired_gain(np.r_[1.0], np.r_[0.0]) == (0.0, np.inf)
+
+
+def test_one_differing_held_out_sample_is_a_tie_whatever_the_rounding():
+    """One held-out loss of n differs by x: the gain x / n equals its standard error
+    |x| / n exactly; in floating point the gain comes out above it for some x (30
+    held out, x = 2: 0.06666666666666667 against 0.06666666666666665). Neither the guard
+    nor the self-training check may decide on that last bit."""
+    h_alt = np.zeros(30)
+    h_d = h_alt.copy()
+    h_d[4] = 2.0
+    gain, se = paired_gain(h_d, h_alt)
+    assert gain > se  # the rounding the rule must not act on
+    assert not exceeds(gain, se) and exceeds(gain * (1 + 1e-6), se)
+    assert guarded_pick({"D": h_d, "O": h_d, "S": h_alt, "D0": h_d})[0] == "D"
+    # two alternatives with the same gain to rounding: the first listed
+    assert guarded_pick({"D": h_d + 1, "O": h_d, "S": h_d * (1 - 1e-15), "D0": h_d})[0] == "O"
 
 
 def test_with_more_than_10_labels_in_every_class_the_target_svm_is_the_default():

@@ -63,7 +63,10 @@ exceeds :data:`MANY_LABELS`; without O or D0 when they are no candidates
 (:func:`default_and_alternatives`). For each alternative ``a``:
 ``g_a`` = mean over held-out samples of ``h_d − h_a``, ``se_a`` = their standard
 deviation (``ddof=1``) / √(number held out). If some ``g_a > se_a``, the alternative with
-the larger ``g_a`` (the first listed on a tie); otherwise the default.
+the larger ``g_a`` (the first listed on a tie); otherwise the default. Both comparisons
+are in exact arithmetic (:func:`exceeds`): when a single held-out sample's loss differs,
+``g_a = se_a`` exactly, which is not a gain, and rounding must not make it one (near the
+ceiling, most held-out losses are 0 for every candidate, and this case is common).
 
 **Self-training from the fold fits.** The **unlabelled targets** are the pool's target
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
@@ -86,7 +89,7 @@ pick's fold fits is self-trained the same way (its own confident pseudo-labels, 
 per labelled target of the fold) and fitted again, and scores its held-out targets
 (:func:`~mmdtl2_dist.core.self_training.self_trained_fold_hinge`). Self-training is
 dropped when it raised the held-out hinge loss by more than :data:`SELF_TRAINING_Z`
-standard errors (the guard's test, with self-training as the default). On raw-pixel dev
+standard errors (the guard's test, with self-training as the default, ties kept). On raw-pixel dev
 data (MNIST → USPS, 3 labels a class) the MMDTL2 picks lost 7.0 points to self-training
 although 90 % of their pseudo-labels were right; the folds see it. Fits: at most
 ``4·min(n, 3) + min(n, 3) + 1`` = 16.
@@ -134,6 +137,8 @@ MANY_LABELS = 10
 # Self-training is kept unless, in the folds, it raised the pick's held-out hinge loss by
 # more than this many standard errors.
 SELF_TRAINING_Z = 1.0
+# Relative distance within which a gain equals its threshold (:func:`exceeds`).
+TIE_RTOL = 1e-9
 # Labelled source samples per class up to which the L2 pull keeps the caller's ``c_d``; with
 # more, ``c_d`` is scaled down so that the pull on a labelled target stays what it is here.
 PULL_SOURCES_PER_CLASS = 20
@@ -415,18 +420,29 @@ def choice_table(names, dims, hinge, gains) -> list[dict]:
     ]
 
 
+def exceeds(value: float, threshold: float) -> bool:
+    """``value > threshold`` as in exact arithmetic: equal to rounding is not more.
+
+    With one held-out sample whose loss differs by ``x`` among ``n``, the paired gain is
+    ``x / n`` and its standard error ``|x| / n``: equal, but computed along two roundings,
+    so a plain ``>`` decides by the last bit (which moves with the solver's path, the BLAS
+    and the machine). Values within :data:`TIE_RTOL` of the threshold are equal to it.
+    """
+    return value > threshold + TIE_RTOL * max(abs(threshold), abs(value))
+
+
 def guarded_pick(
     hinge: Mapping[str, np.ndarray], default: str = DEFAULT, alternatives=ALTERNATIVES
 ) -> tuple[str, dict]:
     """The rule's pick from the held-out hinge losses, and each alternative's ``(gain, se)``.
 
     The default unless an alternative's paired gain exceeds its standard error; then the
-    larger gain, the first listed on a tie.
+    larger gain, the first listed on a tie (:func:`exceeds` for both).
     """
     best, best_gain, gains = default, 0.0, {}
     for alt in alternatives:
         gain, se = gains[alt] = paired_gain(hinge[default], hinge[alt])
-        if gain > se and gain > best_gain:
+        if exceeds(gain, se) and exceeds(gain, best_gain):
             best, best_gain = alt, gain
     return best, gains
 
@@ -494,7 +510,7 @@ def select_auto(
             folds, per_fold[pick], classes, times,
         )  # fmt: skip
         st_check = paired_gain(hinge[pick], st_hinge)
-        times = times if st_check[0] >= -SELF_TRAINING_Z * st_check[1] else 0
+        times = 0 if exceeds(-st_check[0], SELF_TRAINING_Z * st_check[1]) else times
     if times:
         fit_pool, fit_yt, pseudo, labels = self_training_pool(
             pool, yt, unl, scores[pick], classes, times
