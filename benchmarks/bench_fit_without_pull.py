@@ -38,7 +38,7 @@ def one_fit(data: Path, shift: str, n: int, c_d: float) -> dict:
     from mmdtl2_dist.core import mmdtl2 as core
     from mmdtl2_dist.core.methods import fit_predict
     from mmdtl2_dist.core.preprocessing import fit_preprocessing
-    from mmdtl2_dist.core.priors import SamplePool, pool_problem
+    from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map, pool_problem
 
     Xs, ys, Xt, yt = load_shift(data, shift)
     rng = np.random.default_rng([SEEDS["dev"], list(SHIFTS).index(shift), n, 0])
@@ -48,7 +48,7 @@ def one_fit(data: Path, shift: str, n: int, c_d: float) -> dict:
     Zt = fit_preprocessing(Xt, "l2_zscore").transform(Xt)
     pool = SamplePool(Zs @ Zs.T, Zt @ Zt.T, Zs @ Zt.T, np.arange(len(Zs)), lab, rest)
     n_classes, p = len(np.unique(ys)), pool.Kyy.shape[0]
-    pmap = auto.candidate_map(pool, auto.pca_dim("D", n_classes, p), np.ones(p, bool))
+    pmap = learnt_pca_map(pool, auto.pca_dim("D", n_classes, p), np.ones(p, bool))
     prob = pool_problem(pool, ys, yt[lab], pmap)
     infos, real = [], core._alternate
     core._alternate = lambda *a, **k: (f := real(*a, **k), infos.append(f.info))[0]

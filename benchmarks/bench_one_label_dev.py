@@ -41,8 +41,9 @@ from bench_priors_dev import DATASETS
 from bench_rule_dev import SEEDS, jobs_for, split_problem
 from threadpoolctl import threadpool_limits
 
-from mmdtl2_dist.core.auto import candidate_map, pool_problem
+from mmdtl2_dist.core.auto import pool_problem
 from mmdtl2_dist.core.methods import fit_predict
+from mmdtl2_dist.core.priors import learnt_pca_map
 from mmdtl2_dist.core.selection import multiclass_hinge, sub_problem
 
 _PCA, _ID = {"prior": "matrix", "c_f": 1.0}, {"prior": "identity", "c_f": 1.0}
@@ -109,7 +110,7 @@ def candidate_records(job, pool, base, yq) -> dict:
     rec = {"job": list(job), "acc": {}, "hinge": {}, "hit": {}, "ref": {}}
     for name, (method, params, per_class) in CANDIDATES.items():
         d = None if per_class is None else min(per_class * n_classes, p - 1)
-        pmap = candidate_map(pool, d, np.ones(p, bool))
+        pmap = learnt_pca_map(pool, d, np.ones(p, bool))
         prob = pool_problem(pool, base.ys, base.yt, pmap)
         rec["acc"][name] = float(np.mean(fit_predict(method, params, prob).y_pred == yq))
         rec["hinge"][name], rec["hit"][name] = [], []

@@ -29,7 +29,7 @@ from threadpoolctl import threadpool_limits
 from mmdtl2_dist.core import auto
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
 
 PULL_WEIGHTS = (0.1, 0.05, 0.02, 0.01, 0.0)
 PROBED = ("mnist-usps", "coil1-coil2")
@@ -47,7 +47,7 @@ def one_split(job) -> dict:
         Zt = fit_preprocessing(Xt, "l2_zscore").transform(Xt)
         pool = SamplePool(Zs @ Zs.T, Zt @ Zt.T, Zs @ Zt.T, np.arange(len(Zs)), lab, rest)
         p = pool.Kyy.shape[0]
-        pmap = auto.candidate_map(pool, auto.pca_dim("D", len(np.unique(ys)), p), np.ones(p, bool))
+        pmap = learnt_pca_map(pool, auto.pca_dim("D", len(np.unique(ys)), p), np.ones(p, bool))
         prob = auto.pool_problem(pool, ys, yt[lab], pmap)
         acc = lambda res: 100 * float(np.mean(res.y_pred == yt[rest]))  # noqa: E731
         out = {"job": [shift, n, split]}

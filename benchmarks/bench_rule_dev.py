@@ -81,7 +81,6 @@ from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.auto import (
     DEFAULT,
     ONE_LABEL_DEFAULT,
-    candidate_map,
     default_and_alternatives,
     fit_predict_auto,
     pca_dim,
@@ -91,7 +90,7 @@ from mmdtl2_dist.core.auto import (
     rule_pull,
 )
 from mmdtl2_dist.core.methods import fit_predict
-from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
 from mmdtl2_dist.core.selection import (
     canonical_order,
     cv_folds,
@@ -705,7 +704,7 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     n_classes, learn = len(np.unique(np.r_[ys, yt])), np.ones(pool.Kyy.shape[0], bool)
     maps = {
         c: choice.prior_map if c == choice.pick else
-        candidate_map(pool, pca_dim(c, n_classes, len(learn)), learn)
+        learnt_pca_map(pool, pca_dim(c, n_classes, len(learn)), learn)
         for c in ENSEMBLE
     }  # fmt: skip
     fits = [res if c == choice.pick else refit(c, pool, ys, yt, maps[c]) for c in ENSEMBLE]

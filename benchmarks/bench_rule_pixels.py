@@ -111,7 +111,7 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     from mmdtl2_dist.core import auto, self_training
     from mmdtl2_dist.core.methods import fit_predict
     from mmdtl2_dist.core.preprocessing import fit_preprocessing
-    from mmdtl2_dist.core.priors import SamplePool
+    from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
 
     Zs = fit_preprocessing(Xs, "l2_zscore").transform(Xs)
     Zt = fit_preprocessing(Xt, "l2_zscore").transform(Xt)
@@ -132,7 +132,7 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     unl_pos = lambda rows: np.searchsorted(rest, rows)  # noqa: E731  pool rows -> test rows
     per_class = choice.fold_kind == "per_class"
     for c in names if per_class else ["F", "N", "D", "S"]:
-        pmap = auto.candidate_map(pool, auto.pca_dim(c, n_classes, p), np.ones(p, bool))
+        pmap = learnt_pca_map(pool, auto.pca_dim(c, n_classes, p), np.ones(p, bool))
         method, params = auto.CANDIDATES[c].method, auto.rule_params(c, auto.rule_pull(None, ys))
 
         def test_acc(fit_pool, fit_yt, method=method, params=params, pmap=pmap):

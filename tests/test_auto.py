@@ -23,11 +23,8 @@ from mmdtl2_dist.core.adapter import AdapterState
 from mmdtl2_dist.core.auto import (
     AUTO_RULE,
     CANDIDATES,
-    candidate_map,
     default_and_alternatives,
-    exceeds,
     fit_predict_auto,
-    guarded_pick,
     no_pull_is_a_candidate,
     pca_dim,
     pool_problem,
@@ -36,11 +33,17 @@ from mmdtl2_dist.core.auto import (
     rule_pull,
     select_auto,
 )
-from mmdtl2_dist.core.auto_folds import class_group_folds, fold_fits, paired_gain
+from mmdtl2_dist.core.auto_folds import (
+    class_group_folds,
+    exceeds,
+    fold_fits,
+    guarded_pick,
+    paired_gain,
+)
 from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 from mmdtl2_dist.core.self_training import (
     confident_pseudo_labels,
@@ -250,8 +253,8 @@ def test_candidates_of_one_dimension_share_one_eigendecomposition(monkeypatch):
     take one eigendecomposition of the pool, and the same map."""
     Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=1, per_class=3)
     pool = gram_pool(Xs, Xt, Xu)
-    maps, real = [], auto_module.candidate_map
-    monkeypatch.setattr(auto_module, "candidate_map", lambda *a: maps.append(real(*a)) or maps[-1])
+    maps, real = [], auto_module.learnt_pca_map
+    monkeypatch.setattr(auto_module, "learnt_pca_map", lambda *a: maps.append(real(*a)) or maps[-1])
     choice = select_auto(pool, ys, yt)
     assert {row["candidate"] for row in choice.table} == {"D", "O", "S", "D0"}
     assert len([m for m in maps if m is not None]) == 1
@@ -296,11 +299,18 @@ def hinges_of(args) -> np.ndarray:
 def test_guard_needs_gain_above_its_standard_error():
     h_d = np.array([1.0, 1.0, 1.0, 1.0])
     h = {"D": h_d, "O": h_d + 0.1, "S": h_d - 0.1 * np.r_[1, -1, 1, -1], "D0": h_d}
-    assert guarded_pick(h)[0] == "D"
+    assert guarded_pick(h, "D", ("O", "S", "D0"))[0] == "D"
     # every alternative clears the guard: the larger gain wins, the first listed on a tie
-    pick, gains = guarded_pick({"D": h_d, "O": h_d - 0.2, "S": h_d - 0.3, "D0": h_d - 0.25})
+    pick, gains = guarded_pick(
+        {"D": h_d, "O": h_d - 0.2, "S": h_d - 0.3, "D0": h_d - 0.25}, "D", ("O", "S", "D0")
+    )
     assert pick == "S" and gains["S"][0] == pytest.approx(0.3)
-    assert guarded_pick({"D": h_d, "O": h_d - 0.2, "S": h_d - 0.3, "D0": h_d - 0.3})[0] == "S"
+    assert (
+        guarded_pick(
+            {"D": h_d, "O": h_d - 0.2, "S": h_d - 0.3, "D0": h_d - 0.3}, "D", ("O", "S", "D0")
+        )[0]
+        == "S"
+    )
     assert paired_gain(np.r_[1.0], np.r_[0.0]) == (0.0, np.inf)
 
 
@@ -315,9 +325,16 @@ def test_one_differing_held_out_sample_is_a_tie_whatever_the_rounding():
     gain, se = paired_gain(h_d, h_alt)
     assert gain > se  # the rounding the rule must not act on
     assert not exceeds(gain, se) and exceeds(gain * (1 + 1e-6), se)
-    assert guarded_pick({"D": h_d, "O": h_d, "S": h_alt, "D0": h_d})[0] == "D"
+    assert (
+        guarded_pick({"D": h_d, "O": h_d, "S": h_alt, "D0": h_d}, "D", ("O", "S", "D0"))[0] == "D"
+    )
     # two alternatives with the same gain to rounding: the first listed
-    assert guarded_pick({"D": h_d + 1, "O": h_d, "S": h_d * (1 - 1e-15), "D0": h_d})[0] == "O"
+    assert (
+        guarded_pick(
+            {"D": h_d + 1, "O": h_d, "S": h_d * (1 - 1e-15), "D0": h_d}, "D", ("O", "S", "D0")
+        )[0]
+        == "O"
+    )
 
 
 def test_with_more_than_10_labels_in_every_class_the_target_svm_is_the_default():
@@ -487,7 +504,7 @@ def test_one_label_per_class_guards_the_shared_pca_prior_on_leave_classes_out_fo
     assert choice.n_folds == 3 and choice.fold_kind == "class_groups"
     hinge = {}
     for c in ("F", "N"):
-        pmap = candidate_map(pool, pca_dim(c, 10, pool.Kyy.shape[0]), np.ones(len(pool.Kyy), bool))
+        pmap = learnt_pca_map(pool, pca_dim(c, 10, pool.Kyy.shape[0]), np.ones(len(pool.Kyy), bool))
         prob = pool_problem(pool, ys, yt, pmap, test_gram=False)
         losses = []
         for g in range(3):  # classes g, g + 3, g + 6, ... held out

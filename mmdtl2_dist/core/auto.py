@@ -64,9 +64,10 @@ exceeds :data:`MANY_LABELS`; without O or D0 when they are no candidates
 ``g_a`` = mean over held-out samples of ``h_d − h_a``, ``se_a`` = their standard
 deviation (``ddof=1``) / √(number held out). If some ``g_a > se_a``, the alternative with
 the larger ``g_a`` (the first listed on a tie); otherwise the default. Both comparisons
-are in exact arithmetic (:func:`exceeds`): when a single held-out sample's loss differs,
-``g_a = se_a`` exactly, which is not a gain, and rounding must not make it one (near the
-ceiling, most held-out losses are 0 for every candidate, and this case is common).
+are in exact arithmetic (:func:`~mmdtl2_dist.core.auto_folds.exceeds`): when a single
+held-out sample's loss differs, ``g_a = se_a`` exactly, which is not a gain, and rounding
+must not make it one (near the ceiling, most held-out losses are 0 for every candidate,
+and this case is common).
 
 **Self-training from the fold fits.** The **unlabelled targets** are the pool's target
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
@@ -102,7 +103,7 @@ one-label guard (G1)" and "The L2 pull held to its design strength with a large 
 the pull", which also give the earlier versions).
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
-here and in :mod:`mmdtl2_dist.core.auto_folds` (its folds), not parameters.
+here and in :mod:`mmdtl2_dist.core.auto_folds` (its folds and guard), not parameters.
 """
 
 from __future__ import annotations
@@ -114,14 +115,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdtl2_dist.core.auto_folds import (
+    exceeds,
     fold_fits,
+    guarded_pick,
     paired_gain,
     rule_folds,
 )
-from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, MethodResult, fit_predict
 from mmdtl2_dist.core.params import DEFAULTS
-from mmdtl2_dist.core.priors import PoolMap, SamplePool, pool_problem
+from mmdtl2_dist.core.priors import PoolMap, SamplePool, learnt_pca_map, pool_problem
 from mmdtl2_dist.core.self_training import (
     self_trained_fold_hinge,
     self_training_pool,
@@ -137,8 +139,6 @@ MANY_LABELS = 10
 # Self-training is kept unless, in the folds, it raised the pick's held-out hinge loss by
 # more than this many standard errors.
 SELF_TRAINING_Z = 1.0
-# Relative distance within which a gain equals its threshold (:func:`exceeds`).
-TIE_RTOL = 1e-9
 # Labelled source samples per class up to which the L2 pull keeps the caller's ``c_d``; with
 # more, ``c_d`` is scaled down so that the pull on a labelled target stays what it is here.
 PULL_SOURCES_PER_CLASS = 20
@@ -327,24 +327,6 @@ def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
     return None if k is None else min(k * n_classes, pool_size - 1)
 
 
-def candidate_map(pool: SamplePool, d: int | None, learn: np.ndarray) -> PoolMap | None:
-    """The shared-PCA map of dimension ``d`` over the pool rows ``learn`` (None if no ``d``).
-
-    ``learn`` is a mask of ``pool.Kyy``'s rows; the other rows (samples scored but not
-    learnt from) get zero coefficients, so the map is the projection on the learnt
-    subspace for every sample. ``d`` is lowered to the rank of the centred learnt rows
-    when they span fewer dimensions (features of fewer than ``d`` dimensions; never on
-    the dev data).
-    """
-    if d is None:
-        return None
-    Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
-    basis = pca_basis(Kyy, d, what="pool samples", up_to=True)
-    A = np.zeros((len(learn), basis.A.shape[1]))
-    A[learn] = basis.A
-    return PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
-
-
 def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
     """Self-training's pseudo-labels per labelled target: 2 (hard shift), 1, or 0.
 
@@ -420,33 +402,6 @@ def choice_table(names, dims, hinge, gains) -> list[dict]:
     ]
 
 
-def exceeds(value: float, threshold: float) -> bool:
-    """``value > threshold`` as in exact arithmetic: equal to rounding is not more.
-
-    With one held-out sample whose loss differs by ``x`` among ``n``, the paired gain is
-    ``x / n`` and its standard error ``|x| / n``: equal, but computed along two roundings,
-    so a plain ``>`` decides by the last bit (which moves with the solver's path, the BLAS
-    and the machine). Values within :data:`TIE_RTOL` of the threshold are equal to it.
-    """
-    return value > threshold + TIE_RTOL * max(abs(threshold), abs(value))
-
-
-def guarded_pick(
-    hinge: Mapping[str, np.ndarray], default: str = DEFAULT, alternatives=ALTERNATIVES
-) -> tuple[str, dict]:
-    """The rule's pick from the held-out hinge losses, and each alternative's ``(gain, se)``.
-
-    The default unless an alternative's paired gain exceeds its standard error; then the
-    larger gain, the first listed on a tie (:func:`exceeds` for both).
-    """
-    best, best_gain, gains = default, 0.0, {}
-    for alt in alternatives:
-        gain, se = gains[alt] = paired_gain(hinge[default], hinge[alt])
-        if exceeds(gain, se) and exceeds(gain, best_gain):
-            best, best_gain = alt, gain
-    return best, gains
-
-
 def select_auto(
     pool: SamplePool, ys, yt, params: Mapping | None = None, *, learn: np.ndarray | None = None
 ) -> AutoChoice:
@@ -490,7 +445,7 @@ def select_auto(
     for c in names:
         d = pca_dim(c, n_classes, p)
         if d not in by_dim:
-            by_dim[d] = candidate_map(pool, d, learn)
+            by_dim[d] = learnt_pca_map(pool, d, learn)
         maps[c] = by_dim[d]
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:

@@ -3,8 +3,8 @@
 :mod:`mmdtl2_dist.core.auto` holds the rule; here are its two kinds of folds over the
 labelled targets (per class, or leave-classes-out when some class has a single label),
 the fold fits of one candidate (each held-out sample's multiclass hinge loss, and the
-fits' scores on the unlabelled targets for self-training), and the paired gain its guard
-compares with its standard error.
+fits' scores on the unlabelled targets for self-training), the paired gain its guard
+compares with its standard error, and the guard.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hin
 
 MAX_FOLDS = 3  # per-class folds: at most this many, one held-out target a class each
 CLASS_GROUPS = 3  # leave-classes-out folds at one labelled target a class
+TIE_RTOL = 1e-9  # relative distance within which a gain equals its threshold (exceeds)
 
 
 def class_group_folds(yt, ys) -> list[np.ndarray]:
@@ -94,3 +95,28 @@ def paired_gain(h_default: np.ndarray, h_alt: np.ndarray) -> tuple[float, float]
     if diff.size < 2:
         return 0.0, float("inf")
     return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
+
+
+def exceeds(value: float, threshold: float) -> bool:
+    """``value > threshold`` as in exact arithmetic: equal to rounding is not more.
+
+    With one held-out sample whose loss differs by ``x`` among ``n``, the paired gain is
+    ``x / n`` and its standard error ``|x| / n``: equal, but computed along two roundings,
+    so a plain ``>`` decides by the last bit (which moves with the solver's path, the BLAS
+    and the machine). Values within :data:`TIE_RTOL` of the threshold are equal to it.
+    """
+    return value > threshold + TIE_RTOL * max(abs(threshold), abs(value))
+
+
+def guarded_pick(hinge: Mapping[str, np.ndarray], default: str, alternatives) -> tuple[str, dict]:
+    """The rule's pick from the held-out hinge losses, and each alternative's ``(gain, se)``.
+
+    The default unless an alternative's paired gain exceeds its standard error; then the
+    larger gain, the first listed on a tie (:func:`exceeds` for both).
+    """
+    best, best_gain, gains = default, 0.0, {}
+    for alt in alternatives:
+        gain, se = gains[alt] = paired_gain(hinge[default], hinge[alt])
+        if exceeds(gain, se) and exceeds(gain, best_gain):
+            best, best_gain = alt, gain
+    return best, gains

@@ -159,7 +159,7 @@ from functools import cached_property
 import numpy as np
 import scipy.linalg as sla
 
-from mmdtl2_dist.core.gram_pca import PCABasis, basis_coefficients, complete_basis
+from mmdtl2_dist.core.gram_pca import PCABasis, basis_coefficients, complete_basis, pca_basis
 from mmdtl2_dist.core.methods import GramProblem
 
 
@@ -354,6 +354,24 @@ def shared_pca_map(
     pool.validate()
     A = basis_coefficients(basis, pool.Kyy, d, center, "pool samples")
     return PoolMap(0.0, A, A.T)
+
+
+def learnt_pca_map(pool: SamplePool, d: int | None, learn: np.ndarray) -> PoolMap | None:
+    """The shared-PCA map of dimension ``d`` over the pool rows ``learn`` (None if no ``d``).
+
+    ``learn`` is a mask of ``pool.Kyy``'s rows; the other rows (samples scored but not
+    learnt from) get zero coefficients, so the map is the projection on the learnt
+    subspace for every sample. ``d`` is lowered to the rank of the centred learnt rows
+    when they span fewer dimensions (features of fewer than ``d`` dimensions; never on
+    the dev data).
+    """
+    if d is None:
+        return None
+    Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
+    basis = pca_basis(Kyy, d, what="pool samples", up_to=True)
+    A = np.zeros((len(learn), basis.A.shape[1]))
+    A[learn] = basis.A
+    return PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
 
 
 def coral_map(
