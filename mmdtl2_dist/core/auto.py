@@ -371,9 +371,9 @@ def default_and_alternatives(
     than :data:`MANY_LABELS` labelled targets, the target SVM guarded by (D, S, D0). On
     dev, the target SVM as the default lost at 3 and 10 labels per class (1.1 and 0.6
     points) and won at 20 and 40, where every MMDTL2 candidate fell below it on SURF.
-    Without ``target_covers`` (some source class has no
-    labelled target) the target SVM is no candidate: D guarded by S and D0. Without
-    ``no_pull`` (:func:`no_pull_is_a_candidate`) D0 is none.
+    Without ``target_covers`` (some source class has no labelled target) the target SVM
+    is no candidate: D guarded by S and D0. Without ``no_pull``
+    (:func:`no_pull_is_a_candidate`) D0 is none.
     """
     if fewest_per_class < 2:
         return ONE_LABEL_DEFAULT, ONE_LABEL_ALTERNATIVES
@@ -475,7 +475,7 @@ def select_auto(
         choice_table(names, dims, hinge, gains), len(folds), n_min, p,
         pool_problem(fit_pool, ys, fit_yt, maps[pick]), pseudo, labels, len(unl), times,
         st_check, ("per_class" if per_class else "class_groups") if folds else None,
-        picked_params(pick, params).get("c_d", params["c_d"]),
+        CANDIDATES[pick].params.get("c_d", params["c_d"]),
     )  # fmt: skip
 
 
