@@ -1,0 +1,188 @@
+"""Neighbour smoothing of the rule's target scores (KNS): a dev study, not in the product.
+
+    python benchmarks/bench_neighbour_smoothing.py --office DIR --pixels DIR
+        [--labels 1 3 10] [--splits 10] [--office-seed 2027] [--pixels-seed 2040]
+        [--source-per-class N] [--workers 2] [--out benchmarks/results/kns.json]
+
+The variant (BENCHMARKS.md, "Neighbour smoothing of the target scores (KNS)"): after the
+frozen rule's final fit (``select="auto"`` as the product runs it), each scored target
+sample's decision scores become ``(1 − α) s(x) + α · mean of s over its k nearest
+unlabelled targets`` (cosine of the target Gram, the sample itself excluded), ``k = 5``,
+``α = 0.5``: one step of label propagation over the target device's samples, which the
+cluster assumption of semi-supervised learning favours. The unlabelled targets are the
+scored ones in both protocols run here (transductive), so no new fit is needed.
+
+Office-Caltech10 (SURF, GoogLeNet-1024, DeCAF6; ``bench_rule_dev.split_problem``, whose
+seeds and draws it reuses) and the raw-pixel shifts of ``bench_rule_pixels`` (COIL20,
+MNIST ↔ USPS, ``l2_zscore``, through the estimator). For every split: the rule's
+accuracy, the smoothed accuracy and the source and target SVMs'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+K_NEIGHBOURS, ALPHA = 5, 0.5
+
+
+def smoothed(scores: np.ndarray, cosine: np.ndarray) -> np.ndarray:
+    """``(1 − α) s + α · mean of s over the k most cosine-similar other rows``."""
+    sim = cosine.copy()
+    np.fill_diagonal(sim, -np.inf)
+    nn = np.argpartition(-sim, K_NEIGHBOURS, axis=1)[:, :K_NEIGHBOURS]
+    return (1 - ALPHA) * scores + ALPHA * scores[nn].mean(axis=1)
+
+
+def gram_cosine(K: np.ndarray) -> np.ndarray:
+    d = np.sqrt(np.clip(np.diag(K), 1e-300, None))
+    return K / d[:, None] / d[None, :]
+
+
+def office_split(job) -> dict:
+    from bench_rule_dev import split_problem
+
+    from mmdtl2_dist.core.auto import fit_predict_auto
+    from mmdtl2_dist.core.methods import fit_predict
+
+    data, vary, seed = job[-3:]
+    key = (*job[:5], *([vary] if vary else []))
+    pool, base, yq = split_problem(key, data, seed)
+    res, choice = fit_predict_auto(pool, base.ys, base.yt)
+    q = pool.target_test
+    smooth = smoothed(res.scores, gram_cosine(pool.Ktt[np.ix_(q, q)]))
+    out = {"data": job[0], "shift": f"{job[1]}-{job[2]}", "labels": job[4], "split": job[3]}
+    out.update(rule=acc(res.y_pred, yq), kns=acc(res.classes[smooth.argmax(1)], yq))
+    for m in ("source_svm", "target_svm"):
+        out[m] = acc(fit_predict(m, {}, base).y_pred, yq)
+    return {**out, "pick": choice.pick}
+
+
+def pixels_split(job) -> dict:
+    from bench_rule_pixels import SHIFTS, labelled_rows, load_shift
+    from threadpoolctl import threadpool_limits
+
+    from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
+
+    _, shift, split, n, data, _, seed = job
+    Xs, ys, Xt, yt = load_shift(Path(data), shift)
+    rng = np.random.default_rng([seed, list(SHIFTS).index(shift), n, split])
+    lab = labelled_rows(yt, n, rng)
+    rest = np.setdiff1d(np.arange(len(yt)), lab)
+    out = {"data": "pixels", "shift": shift, "labels": n, "split": split}
+    with threadpool_limits(1):
+        rule = MMDTL2(select="auto", preprocessing="l2_zscore")
+        rule.fit_domains(Xs, ys, Xt[lab], yt[lab], Xt_unlabelled=Xt[rest])
+        scores = rule.decision_function(Xt[rest])
+        Z = rule.target_preprocessing_.transform(Xt[rest])
+        smooth = smoothed(scores, gram_cosine(Z @ Z.T))
+        out.update(rule=acc(rule.classes_[scores.argmax(1)], yt[rest]))
+        out.update(kns=acc(rule.classes_[smooth.argmax(1)], yt[rest]), pick=rule.auto_["pick"])
+        for name, est in (("source_svm", SourceSVM), ("target_svm", TargetSVM)):
+            m = est(preprocessing="l2_zscore")
+            m.fit_domains(Xs, ys, Xt[lab], yt[lab], Xt_unlabelled=Xt[rest])
+            out[name] = 100 * float(m.score(Xt[rest], yt[rest]))
+    return out
+
+
+def acc(pred, truth) -> float:
+    return 100 * float(np.mean(np.asarray(pred) == np.asarray(truth)))
+
+
+def summary(runs: list[dict]) -> str:
+    """Per data set and budget: means over shifts, KNS − rule, shifts lost, worst shift."""
+    groups = defaultdict(list)
+    for r in runs:
+        groups[r["data"] if r["data"] == "pixels" else "office", r["labels"]].append(r)
+    lines = [
+        "| data | labels | splits | rule | KNS | KNS − rule | shifts lost, rule / KNS "
+        "| worst shift, KNS − rule |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for (data, n), rs in sorted(groups.items()):
+        shifts = defaultdict(list)
+        for r in rs:
+            shifts[r["data"], r["shift"]].append(r)
+        mean = {c: np.mean([np.mean([r[c] for r in s]) for s in shifts.values()])
+                for c in ("rule", "kns")}  # fmt: skip
+        lost = {c: sum(lost_shift(s, c) for s in shifts.values()) for c in ("rule", "kns")}
+        gaps = {k: np.mean([r["kns"] - r["rule"] for r in s]) for k, s in shifts.items()}
+        worst = min(gaps, key=gaps.get)
+        lines.append(
+            f"| {data} | {n} | {len(rs)} | {mean['rule']:.2f} | {mean['kns']:.2f} | "
+            f"{mean['kns'] - mean['rule']:+.2f} | {lost['rule']} / {lost['kns']} | "
+            f"{' '.join(worst)} {gaps[worst]:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def lost_shift(runs: list[dict], column: str) -> bool:
+    """More than one standard error below max(source SVM, target SVM) on the shift."""
+    best = max(np.mean([r[m] for r in runs]) for m in ("source_svm", "target_svm"))
+    vals = np.array([r[column] for r in runs])
+    se = vals.std(ddof=1) / np.sqrt(len(vals)) if len(vals) > 1 else 0.0
+    return bool(vals.mean() < best - se)
+
+
+def jobs(args) -> list[tuple]:
+    from bench_rule_dev import jobs_for
+    from bench_rule_pixels import SHIFTS
+
+    vary = {"source_per_class": args.source_per_class} if args.source_per_class else None
+    out = []
+    if args.office:
+        datasets = ["surf", "googlenet1024", "decaf6"]
+        office = jobs_for(datasets, str(args.office), args.labels, args.splits)
+        out += [(*j, str(args.office), vary, args.office_seed) for j in office]
+    if args.pixels:
+        out += [("pixels", s, k, n, str(args.pixels), None, args.pixels_seed)
+                for s in SHIFTS for n in args.labels for k in range(args.splits)]  # fmt: skip
+    return out
+
+
+def one(job) -> dict:
+    return pixels_split(job) if job[0] == "pixels" else office_split(job)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--office", type=Path, default=None, help="the Office-Caltech10 data folder")
+    ap.add_argument("--pixels", type=Path, default=None, help="COIL_1.mat, MNIST_vs_USPS.mat")
+    ap.add_argument("--labels", type=int, nargs="+", default=[1, 3, 10])
+    ap.add_argument("--splits", type=int, default=10)
+    ap.add_argument("--office-seed", type=int, default=2027, help="bench_rule_dev's dev seed")
+    ap.add_argument("--pixels-seed", type=int, default=2040, help="bench_rule_pixels' dev seed")
+    ap.add_argument("--source-per-class", type=int, default=None, help="Office source draw")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kns.json"))
+    args = ap.parse_args()
+    if args.out.is_dir():
+        ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.workers) as pool:
+        runs = list(pool.map(one, jobs(args)))
+    table = summary(runs)
+    print(table)
+    meta = {
+        "command": "python benchmarks/bench_neighbour_smoothing.py " + " ".join(os.sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "seconds": time.perf_counter() - t0,
+        "k": K_NEIGHBOURS,
+        "alpha": ALPHA,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+    args.out.with_suffix(".md").write_text(f"# `{meta['command']}`\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
