@@ -82,13 +82,13 @@ from mmdtl2_dist.core.auto import (
     DEFAULT,
     ONE_LABEL_DEFAULT,
     default_and_alternatives,
-    fit_predict_auto,
     pca_dim,
     pool_problem,
     pseudo_labels_per_labelled,
     rule_params,
     rule_pull,
 )
+from mmdtl2_dist.core.auto_fit import fit_predict_auto
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
 from mmdtl2_dist.core.selection import (

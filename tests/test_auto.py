@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from neighbours_by_loop import smoothed_by_loop
 
 from mmdtl2_dist.core import auto as auto_module
 from mmdtl2_dist.core.adapter import AdapterState
 from mmdtl2_dist.core.auto import (
     AUTO_RULE,
     CANDIDATES,
+    HARD_HINGE,
     default_and_alternatives,
-    fit_predict_auto,
     no_pull_is_a_candidate,
     pca_dim,
     pool_problem,
@@ -33,6 +34,7 @@ from mmdtl2_dist.core.auto import (
     rule_pull,
     select_auto,
 )
+from mmdtl2_dist.core.auto_fit import fit_predict_auto
 from mmdtl2_dist.core.auto_folds import (
     class_group_folds,
     exceeds,
@@ -42,6 +44,7 @@ from mmdtl2_dist.core.auto_folds import (
 )
 from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
+from mmdtl2_dist.core.neighbours import NEIGHBOUR_WEIGHT, NEIGHBOURS
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
 from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
@@ -112,16 +115,27 @@ def dev_split(source, target, k, n_lab):
     return pool, ys_all[src], yt_all[lab], yt_all[test]
 
 
+def unsmoothed(choice, n_scored: int):
+    """The rule's final fit again: its scores of the first ``n_scored`` rows, not smoothed."""
+    res = fit_predict(choice.method, choice.params, choice.problem)
+    return res.scores[:n_scored], res.classes
+
+
 @pytest.mark.parametrize("split", list(RECORDED), ids=lambda s: f"{s[0][0]}{s[1][0]}{s[2]}n{s[3]}")
 def test_auto_reproduces_recorded_dev_picks(split):
+    """The recorded accuracy is the final fit's before neighbour smoothing (recorded
+    before the rule smoothed); every recorded split is hard, so the rule smooths."""
     pool, ys, yt, yq = dev_split(*split)
     pick, acc, hinge, n_pseudo = RECORDED[split]
     res, choice = fit_predict_auto(pool, ys, yt)
     assert choice.pick == pick
-    assert np.mean(res.y_pred == yq) == pytest.approx(acc, abs=1e-12)
+    scores, classes = unsmoothed(choice, len(yq))
+    assert np.mean(classes[scores.argmax(1)] == yq) == pytest.approx(acc, abs=1e-12)
     got = {row["candidate"]: row["cv_hinge"] for row in choice.table if row["cv_hinge"]}
     assert got == pytest.approx(hinge, rel=1e-6)
+    assert hinge[pick] >= HARD_HINGE and len(choice.neighbours) == len(yq)
     rec = res.info["auto"]
+    assert rec["neighbours"] == [NEIGHBOURS, NEIGHBOUR_WEIGHT]
     assert rec["rule"] == AUTO_RULE and rec["pool_size"] == pool.Kyy.shape[0]
     # 12 fold fits, 3 self-trained fold fits (the check kept self-training here), the final;
     # at one label a class 6 leave-classes-out fold fits and the final, no self-training
@@ -149,7 +163,8 @@ def test_auto_reproduces_a_recorded_target_svm_pick():
     gain, se = choice.self_training_check
     assert gain == pytest.approx(-0.1132, abs=1e-4) and gain < -se
     assert len(choice.pseudo_rows) == 0 and choice.pseudo_per_labelled == 0
-    np.testing.assert_allclose(res.scores, plain.scores, rtol=1e-10, atol=1e-10)
+    scores = unsmoothed(choice, len(yq))[0]  # a hard shift: the rule then smooths
+    np.testing.assert_allclose(scores, plain.scores, rtol=1e-10, atol=1e-10)
     assert res.info["n_fits"] == 16 and res.info["auto"]["method"] == "target_svm"
 
 
@@ -422,7 +437,8 @@ def test_a_split_with_many_labels_leaves_the_target_svm_only_for_a_clear_gain():
     gains = {r["candidate"]: (r["gain_over_default"], r["se"]) for r in choice.table}
     assert gains["D0"] == pytest.approx((0.04627, 0.03525), abs=1e-4) and gains["S"][0] < 0
     assert choice.params["c_d"] == res.info["auto"]["c_d"] == 0.0
-    assert np.mean(res.y_pred == yq) == pytest.approx(0.4471865745310958, abs=1e-12)
+    scores, classes = unsmoothed(choice, len(yq))  # a hard shift: the rule then smooths
+    assert np.mean(classes[scores.argmax(1)] == yq) == pytest.approx(0.4471865745310958, abs=1e-12)
     plain = fit_predict("target_svm", {"c_t": 1.0}, pool_problem(pool, ys, yt, None))
     assert np.mean(plain.y_pred == yq) == pytest.approx(0.4106614017769003, abs=1e-12)
 
@@ -668,7 +684,7 @@ def test_estimator_auto_target_svm_pick_equals_the_core_rule_and_maps_nothing():
     W = est.transform_matrix()
     np.testing.assert_allclose(W, np.hstack([np.eye(20), np.zeros((20, 1))]), atol=1e-12)
     scores = est.transform(Xq) @ est.coef_source_.T + est.intercept_
-    np.testing.assert_allclose(est.decision_function(Xq), scores, rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(est.adapter_.fitted_scores(Xq), scores, rtol=1e-8, atol=1e-9)
     assert est.adapter_.P.shape == (3, 0) and est.adapter_.V.shape == (21, 3)
     # the adapter's plain arrays (what the registry stores) give the same scores back
     back = AdapterState.from_arrays(*est.adapter_.to_arrays())
@@ -705,3 +721,66 @@ def test_one_label_folds_with_two_classes_and_with_mixed_label_counts():
     choice = select_auto(gram_pool(Xs, Xt[keep], Xu), ys, yt[keep])
     assert choice.fold_kind == "class_groups" and choice.n_per_class == 1
     assert [row["n_held_out"] for row in choice.table] == [len(keep)] * 2
+
+
+def test_a_hard_shift_smooths_the_final_scores_over_the_unlabelled_targets():
+    """SURF amazon→dslr, dev split 2, 3 labels (hard: the pick's held-out hinge ≥ 0.25).
+    Inductive: half the test targets are scored only, the other half unlabelled. The rule's
+    scores of the test targets are the final fit's, smoothed over the unlabelled ones
+    with neighbours by the cosine of the explicit features (a loop, not the Gram)."""
+    pool, ys, yt, _ = dev_split("amazon", "dslr", 2, 3)
+    Xt = _surf("dslr")[0]
+    ns = pool.Kss.shape[0]
+    learn = np.ones(pool.Kyy.shape[0], bool)
+    learn[ns + pool.target_test[::2]] = False
+    res, choice = fit_predict_auto(pool, ys, yt, learn=learn)
+    unl = pool.target_test[1::2]
+    np.testing.assert_array_equal(choice.neighbours, unl)
+    assert res.info["auto"]["neighbours"] == [NEIGHBOURS, NEIGHBOUR_WEIGHT]
+    raw = fit_predict(choice.method, choice.params, choice.problem).scores
+    n = len(pool.target_test)  # it scored the test rows, then the unlabelled not among them
+    at = {r: i for i, r in enumerate(np.r_[pool.target_test, np.setdiff1d(unl, pool.target_test)])}
+    raw_unl = raw[[at[r] for r in unl]]
+    want = smoothed_by_loop(Xt[pool.target_test], raw[:n], Xt[unl], raw_unl)
+    np.testing.assert_allclose(res.scores, want, rtol=1e-10, atol=1e-10)
+    assert not np.allclose(res.scores, raw[:n])
+    np.testing.assert_array_equal(res.y_pred, res.classes[want.argmax(1)])
+
+
+def test_an_easy_shift_keeps_the_final_fits_scores():
+    """Well separated classes: the pick's held-out hinge is below ``HARD_HINGE``, so the
+    final scores are the final fit's, and the choice records no neighbours."""
+    rng = np.random.default_rng(3)
+    mu = 4.0 * rng.standard_normal((3, 20))
+    ys, yt = np.arange(30) % 3, np.repeat(np.arange(3), 3)
+    Xs, Xt = mu[ys] + rng.standard_normal((30, 20)), mu[yt] + rng.standard_normal((9, 20))
+    Xu = mu[rng.integers(0, 3, 40)] + rng.standard_normal((40, 20))
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    hinge = {r["candidate"]: r["cv_hinge"] for r in choice.table}
+    assert hinge[choice.pick] < HARD_HINGE and choice.n_unlabelled == 40
+    assert len(choice.neighbours) == 0 and res.info["auto"]["neighbours"] is None
+    np.testing.assert_array_equal(res.scores, unsmoothed(choice, 40)[0])
+
+
+def test_the_estimators_adapter_smooths_as_the_gram_form_and_one_sample_at_a_time():
+    """On a hard shift the estimator's adapter keeps the unlabelled targets and their
+    scores: a sample scored alone gets its batch scores, the Gram form's on the same
+    unlabelled targets, and the stored adapter (format /2) scores the same."""
+    rng = np.random.default_rng(4)
+    mu = 0.3 * rng.standard_normal((3, 20))  # overlapping classes: a hard shift
+    ys, yt = np.arange(30) % 3, np.repeat(np.arange(3), 3)
+    Xs, Xt = mu[ys] + rng.standard_normal((30, 20)), mu[yt] + rng.standard_normal((9, 20))
+    Xu = mu[rng.integers(0, 3, 40)] + rng.standard_normal((40, 20))
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert est.auto_["neighbours"] == res.info["auto"]["neighbours"] == [5, 0.5]
+    np.testing.assert_allclose(est.decision_function(Xu), res.scores, rtol=1e-6, atol=1e-7)
+    alone = np.vstack([est.decision_function(Xu[i : i + 1]) for i in range(len(Xu))])
+    np.testing.assert_allclose(alone, est.decision_function(Xu), rtol=1e-12, atol=1e-12)
+    arrays, meta = est.adapter_.to_arrays()
+    assert meta["format"] == "mmdtl2-adapter/2" and arrays["X_neighbours"].shape == (40, 20)
+    back = AdapterState.from_arrays(arrays, meta)
+    np.testing.assert_array_equal(back.decision_function(Xu), est.decision_function(Xu))
+    del arrays["scores_neighbours"]
+    with pytest.raises(ValueError, match="does not match its arrays"):
+        AdapterState.from_arrays(arrays, meta)

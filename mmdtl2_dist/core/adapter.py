@@ -13,6 +13,12 @@ where:
 - ``V`` (Lt + 1, K) is the prior term ``W0ᵀ Θ`` (zero for the paper's zero prior),
 - ``b`` (K,) are the biases.
 
+An adapter of ``select="auto"`` on a hard shift also keeps the target device's
+unlabelled samples it was fitted with (preprocessed) and their scores, and smooths the
+scores of every sample over its nearest ones among them
+(:mod:`mmdtl2_dist.core.neighbours`), so that a sample scored alone gets what it gets
+in a batch.
+
 Everything is plain arrays and JSON-able parameters, so an adapter can be stored without
 pickling arbitrary objects (see :meth:`AdapterState.to_arrays`). Scoring needs numpy
 alone: this module travels with every deployed model, whose requirements are ``mlflow``,
@@ -23,14 +29,19 @@ and only the estimators' :func:`check_features` uses scikit-learn.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mmdtl2_dist.core.kernels import KernelSpec
+from mmdtl2_dist.core.neighbours import cosines, smoothed_scores
 from mmdtl2_dist.core.preprocessing import PreprocessStats
 from mmdtl2_dist.core.threads import one_thread
 
+#: The stored format, by whether the adapter smooths over neighbours: a reader of /1 would
+#: skip the smoothing without a word, so such adapters are /2, which it refuses.
+ADAPTER_FORMATS = {False: "mmdtl2-adapter/1", True: "mmdtl2-adapter/2"}
+NEIGHBOUR_ARRAYS = ("X_neighbours", "scores_neighbours")
 _FLOAT_MAX = float(np.finfo(np.float64).max)  # a Python float: compared exactly with ints
 #: The fix named when an integer does not fit in float64.
 TOO_LARGE = "send values whose magnitude is below 1.8e308."
@@ -193,6 +204,9 @@ class AdapterState:
         Frozen preprocessing of the target device.
     feature_space : str
         Name of the target feature space (informational; checked by the registry).
+    X_neighbours : ndarray (U, Lt) or None
+        Preprocessed unlabelled target samples the scores are smoothed over (None: no
+        smoothing); ``scores_neighbours`` (U, K) their scores before smoothing.
     """
 
     classes: np.ndarray
@@ -203,6 +217,8 @@ class AdapterState:
     kernel: KernelSpec
     preprocessing: PreprocessStats
     feature_space: str = "target"
+    X_neighbours: np.ndarray | None = None
+    scores_neighbours: np.ndarray | None = None
 
     @property
     def n_features(self) -> int:
@@ -218,6 +234,15 @@ class AdapterState:
         """
         X = np.ascontiguousarray(check_scoring_input(X, self.n_features))
         Xp = self.preprocessing.transform(X)
+        scores = self.fitted_scores(Xp)
+        if self.X_neighbours is None:
+            return scores
+        Xn = self.X_neighbours
+        sq = np.einsum("ij,ij->i", Xp, Xp), np.einsum("ij,ij->i", Xn, Xn)
+        return smoothed_scores(scores, cosines(Xp @ Xn.T, *sq), self.scores_neighbours)
+
+    def fitted_scores(self, Xp: np.ndarray) -> np.ndarray:
+        """The fitted classifier's scores (n, K) of preprocessed samples, not smoothed."""
         G = self.X_train @ Xp.T
         sq_tr = np.einsum("ij,ij->i", self.X_train, self.X_train)
         sq_new = np.einsum("ij,ij->i", Xp, Xp)
@@ -225,6 +250,11 @@ class AdapterState:
         if self.V is not None:
             scores = scores + Xp @ self.V[:-1] + self.V[-1]
         return scores
+
+    def with_neighbours(self, Xu_p: np.ndarray) -> AdapterState:
+        """A copy that smooths its scores over the preprocessed unlabelled samples ``Xu_p``."""
+        Xu_p = np.ascontiguousarray(Xu_p, dtype=np.float64)
+        return replace(self, X_neighbours=Xu_p, scores_neighbours=self.fitted_scores(Xu_p))
 
     def predict(self, X) -> np.ndarray:
         """Class labels of raw target samples."""
@@ -238,9 +268,12 @@ class AdapterState:
         if self.preprocessing.mean is not None:
             arrays["pre_mean"] = self.preprocessing.mean
             arrays["pre_scale"] = self.preprocessing.scale
+        if self.X_neighbours is not None:
+            arrays["X_neighbours"] = self.X_neighbours
+            arrays["scores_neighbours"] = self.scores_neighbours
         classes = self.classes.tolist()
         meta = {
-            "format": "mmdtl2-adapter/1",
+            "format": ADAPTER_FORMATS[self.X_neighbours is not None],
             "classes": classes,
             "classes_dtype": "str" if self.classes.dtype.kind in "US" else "int",
             "kernel": self.kernel.to_dict(),
@@ -253,8 +286,14 @@ class AdapterState:
     @classmethod
     def from_arrays(cls, arrays: dict, meta: dict) -> AdapterState:
         """Inverse of :meth:`to_arrays`."""
-        if meta.get("format") != "mmdtl2-adapter/1":
+        if meta.get("format") not in ADAPTER_FORMATS.values():
             raise ValueError(f"unknown adapter format {meta.get('format')!r}.")
+        near = {k: np.asarray(arrays[k], dtype=np.float64) for k in NEIGHBOUR_ARRAYS if k in arrays}
+        if (meta["format"] == ADAPTER_FORMATS[True]) != (len(near) == len(NEIGHBOUR_ARRAYS)):
+            raise ValueError(
+                f"adapter format {meta['format']!r} does not match its arrays (neighbour "
+                f"arrays {sorted(near)} of {list(NEIGHBOUR_ARRAYS)}); the files are incomplete."
+            )
         dtype = str if meta["classes_dtype"] == "str" else np.int64
         pre = PreprocessStats(
             meta["preprocessing"], arrays.get("pre_mean"), arrays.get("pre_scale")
@@ -268,6 +307,7 @@ class AdapterState:
             kernel=KernelSpec(**meta["kernel"]),
             preprocessing=pre,
             feature_space=meta["feature_space"],
+            **near,
         )
 
     def save(self, path) -> None:

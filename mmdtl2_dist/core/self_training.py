@@ -25,6 +25,15 @@ def unlabelled_rows(pool: SamplePool, learn: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask)
 
 
+def final_scored_rows(pool: SamplePool, unl: np.ndarray) -> np.ndarray:
+    """The target pool rows the rule's final fit scores.
+
+    The pool's ``target_test`` rows, then the unlabelled rows ``unl`` not among them
+    (their scores smooth those of the others: :mod:`mmdtl2_dist.core.neighbours`).
+    """
+    return np.r_[pool.target_test, np.setdiff1d(unl, pool.target_test)]
+
+
 def self_training_pool(pool: SamplePool, yt, unl: np.ndarray, scores, classes, times: int):
     """The pool and labels grown by confidently pseudo-labelled unlabelled rows.
 

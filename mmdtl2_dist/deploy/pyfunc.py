@@ -16,7 +16,7 @@ Layout of a logged model (``<artifact root>/.../artifacts`` of an MLflow LoggedM
 Why these requirements
 ----------------------
 ``mmdtl2-dist`` is not on PyPI, so it cannot be a pip requirement that installs anywhere.
-Scoring needs only :class:`~mmdtl2_dist.core.adapter.AdapterState` and the two modules it
+Scoring needs only :class:`~mmdtl2_dist.core.adapter.AdapterState` and the modules it
 imports, which use numpy alone; they travel with the model as ``code_paths`` (prepended
 to ``sys.path`` at load time). The requirements are therefore the pinned versions of what
 the model code imports — ``mlflow``, ``numpy``, ``pandas`` — which install from PyPI into
@@ -47,6 +47,7 @@ SHIPPED_MODULES = (
     "core/params.py",  # the kernels' parameter checks (pure Python, imports nothing)
     "core/preprocessing.py",
     "core/adapter.py",
+    "core/neighbours.py",
     "core/threads.py",
     "deploy/__init__.py",
     "deploy/scoring.py",

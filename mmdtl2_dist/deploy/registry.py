@@ -242,6 +242,7 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
         }
         tags["auto_pool_size"] = str(fitted.auto["pool_size"])
         tags["auto_pseudo_labelled"] = str(fitted.auto["pseudo_labelled"])
+        tags["auto_neighbours"] = str(fitted.auto["neighbours"])
     for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):
         v = getattr(cfg, key)
         if v is not None:
@@ -278,6 +279,11 @@ def version_description(handle, cfg, fitted) -> str:
             if a["pseudo_labelled"]
             else "without self-training"
         )
+        if a["neighbours"]:
+            s += (
+                f"; its scores are smoothed over the {a['neighbours'][0]} nearest of the "
+                "unlabelled target samples it keeps (a hard shift)"
+            )
     elif fitted.selected_params:
         s += f", chosen by cross-validation: {json.dumps(fitted.selected_params, default=str)}"
     s += f". Configuration: {cfg.selected_by}"

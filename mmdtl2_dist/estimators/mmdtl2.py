@@ -176,6 +176,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         elif params["select"]:
             params = self._select(Xs_p, ys, Xt_p, yt, params)
         self._fit_chosen(Xs_p, ys, Xt_p, yt, params)
+        if self.auto_ is not None and self.auto_["neighbours"] and Xu_p is not None:
+            self.adapter_ = self.adapter_.with_neighbours(Xu_p)  # a hard shift: smoothing
         return self
 
     def _fit_params(self) -> dict:

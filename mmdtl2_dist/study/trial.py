@@ -235,7 +235,7 @@ def _auto_unit(plan: StudyPlan, pair: PairPlan, rows: dict, prob: GramProblem, p
     samples are rows of the target Gram block too, so that they can be scored, but the
     prior learns from them only when the protocol puts them in the pool (``"all"``).
     """
-    from mmdtl2_dist.core.auto import fit_predict_auto
+    from mmdtl2_dist.core.auto_fit import fit_predict_auto
     from mmdtl2_dist.core.priors import SamplePool
 
     if not pair.shared:
