@@ -55,3 +55,20 @@ def test_a_zero_vector_has_cosine_zero():
     K = np.array([[0.0, 0.0], [0.0, 2.0]])
     np.testing.assert_allclose(cosines(K, np.array([0.0, 2.0]), np.array([0.0, 2.0])),
                                [[0.0, 0.0], [0.0, 1.0]], rtol=0, atol=1e-15)  # fmt: skip
+
+
+def test_blocks_of_scored_samples_give_the_whole_computation(monkeypatch):
+    """Smoothed a few rows at a time (the block size lowered to 7), the scores are those of
+    one block of every row."""
+    from mmdtl2_dist.core import neighbours
+
+    rng = np.random.default_rng(3)
+    Xu, Su = rng.standard_normal((50, 6)), rng.standard_normal((50, 3))
+    Xq, Sq = rng.standard_normal((30, 6)), rng.standard_normal((30, 3))
+    sq, sq_u = np.einsum("ij,ij->i", Xq, Xq), np.einsum("ij,ij->i", Xu, Xu)
+    whole = smoothed_scores(Sq, cosines(Xq @ Xu.T, sq, sq_u), Su)
+    monkeypatch.setattr(neighbours, "BLOCK_ROWS", 7)
+    blocks = neighbours.smoothed_in_blocks(
+        Sq, lambda rows: cosines(Xq[rows] @ Xu.T, sq[rows], sq_u), Su
+    )
+    np.testing.assert_array_equal(blocks, whole)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mmdtl2_dist.core.kernels import KernelSpec
-from mmdtl2_dist.core.neighbours import cosines, smoothed_scores
+from mmdtl2_dist.core.neighbours import cosines, smoothed_in_blocks
 from mmdtl2_dist.core.preprocessing import PreprocessStats
 from mmdtl2_dist.core.threads import one_thread
 
@@ -238,8 +238,12 @@ class AdapterState:
         if self.X_neighbours is None:
             return scores
         Xn = self.X_neighbours
-        sq = np.einsum("ij,ij->i", Xp, Xp), np.einsum("ij,ij->i", Xn, Xn)
-        return smoothed_scores(scores, cosines(Xp @ Xn.T, *sq), self.scores_neighbours)
+        sq, sq_n = np.einsum("ij,ij->i", Xp, Xp), np.einsum("ij,ij->i", Xn, Xn)
+
+        def cosines_of(rows: slice) -> np.ndarray:
+            return cosines(Xp[rows] @ Xn.T, sq[rows], sq_n)
+
+        return smoothed_in_blocks(scores, cosines_of, self.scores_neighbours)
 
     def fitted_scores(self, Xp: np.ndarray) -> np.ndarray:
         """The fitted classifier's scores (n, K) of preprocessed samples, not smoothed."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from mmdtl2_dist.core.auto import AutoChoice, select_auto
 from mmdtl2_dist.core.methods import MethodResult, fit_predict
-from mmdtl2_dist.core.neighbours import cosines, smoothed_scores
+from mmdtl2_dist.core.neighbours import cosines, smoothed_in_blocks
 from mmdtl2_dist.core.priors import SamplePool
 from mmdtl2_dist.core.self_training import final_scored_rows
 
@@ -50,7 +50,11 @@ def smoothed_result(res: MethodResult, pool: SamplePool, unl: np.ndarray) -> Met
     test, scores = pool.target_test, res.scores
     if len(unl):
         at = {int(r): i for i, r in enumerate(final_scored_rows(pool, unl))}
-        K = pool.Ktt
-        cos = cosines(K[np.ix_(test, unl)], np.diag(K)[test], np.diag(K)[unl])
-        scores = smoothed_scores(scores[: len(test)], cos, scores[[at[int(r)] for r in unl]])
+        K, sq = pool.Ktt, np.diag(pool.Ktt)
+
+        def cosines_of(rows: slice) -> np.ndarray:
+            return cosines(K[np.ix_(test[rows], unl)], sq[test[rows]], sq[unl])
+
+        scores_u = scores[[at[int(r)] for r in unl]]
+        scores = smoothed_in_blocks(scores[: len(test)], cosines_of, scores_u)
     return MethodResult(res.classes[np.argmax(scores, axis=1)], scores, res.classes, res.info)

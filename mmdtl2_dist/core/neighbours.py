@@ -30,11 +30,16 @@ again as features).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 NEIGHBOURS = 5
 NEIGHBOUR_WEIGHT = 0.5
 SAME_SAMPLE = 1e-12  # a cosine above 1 − this is the sample itself
+# Scored samples smoothed at a time: their cosines to every unlabelled sample are formed
+# block by block, so memory grows with the unlabelled samples, not with both counts.
+BLOCK_ROWS = 1024
 
 
 def cosines(K_qu: np.ndarray, sq_q: np.ndarray, sq_u: np.ndarray) -> np.ndarray:
@@ -68,3 +73,19 @@ def smoothed_scores(scores_q: np.ndarray, cos_qu: np.ndarray, scores_u: np.ndarr
     mean = total / np.maximum(counts, 1)[:, None]
     alpha = np.where(counts > 0, NEIGHBOUR_WEIGHT, 0.0)[:, None]
     return (1.0 - alpha) * scores_q + alpha * mean
+
+
+def smoothed_in_blocks(
+    scores_q: np.ndarray, cosines_of: Callable[[slice], np.ndarray], scores_u: np.ndarray
+) -> np.ndarray:
+    """:func:`smoothed_scores` of every scored sample, :data:`BLOCK_ROWS` at a time.
+
+    ``cosines_of(rows)`` gives the cosines (a slice of the scored samples × every
+    unlabelled sample) of a block of rows.
+    """
+    scores_q = np.asarray(scores_q, float)
+    out = np.empty_like(scores_q)
+    for start in range(0, len(scores_q), BLOCK_ROWS):
+        rows = slice(start, start + BLOCK_ROWS)
+        out[rows] = smoothed_scores(scores_q[rows], cosines_of(rows), scores_u)
+    return out
