@@ -784,3 +784,18 @@ def test_the_estimators_adapter_smooths_as_the_gram_form_and_one_sample_at_a_tim
     del arrays["scores_neighbours"]
     with pytest.raises(ValueError, match="does not match its arrays"):
         AdapterState.from_arrays(arrays, meta)
+
+
+def test_keeping_large_unlabelled_samples_warns(monkeypatch):
+    """An adapter that keeps more than the threshold's bytes of unlabelled samples warns
+    at fit time, naming their size and the fix (threshold lowered for the test)."""
+    from mmdtl2_dist.estimators import mmdtl2 as est_module
+
+    monkeypatch.setattr(est_module, "KEPT_NEIGHBOURS_WARN_BYTES", 1000)
+    rng = np.random.default_rng(4)
+    mu = 0.3 * rng.standard_normal((3, 20))  # overlapping classes: a hard shift
+    ys, yt = np.arange(30) % 3, np.repeat(np.arange(3), 3)
+    Xs, Xt = mu[ys] + rng.standard_normal((30, 20)), mu[yt] + rng.standard_normal((9, 20))
+    Xu = mu[rng.integers(0, 3, 40)] + rng.standard_normal((40, 20))
+    with pytest.warns(UserWarning, match=r"keep them: 0 MB\. Pass a random subsample"):
+        MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)

@@ -17,6 +17,8 @@ from mmdtl2_dist.estimators.base import MAX_EXPLICIT_W, _AdaptationBase
 from mmdtl2_dist.estimators.inputs import preprocessed
 
 _MMDTL2 = DEFAULTS["mmdtl2"]  # the core's defaults, the __init__ defaults
+# Size of the unlabelled samples an adapter keeps to smooth over, above which fitting warns.
+KEPT_NEIGHBOURS_WARN_BYTES = 1_000_000_000
 
 
 class MMDTL2(TransformerMixin, _AdaptationBase):
@@ -178,6 +180,7 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         self._fit_chosen(Xs_p, ys, Xt_p, yt, params)
         if self.auto_ is not None and self.auto_["neighbours"] and Xu_p is not None:
             self.adapter_ = self.adapter_.with_neighbours(Xu_p)  # a hard shift: smoothing
+            _warn_if_large(self.adapter_.X_neighbours)
         return self
 
     def _fit_params(self) -> dict:
@@ -396,3 +399,16 @@ def _apply_prior(prior, X: np.ndarray, Ls: int) -> np.ndarray:
         return np.zeros((X.shape[0], Ls))
     A, w = prior
     return (A * X if np.isscalar(A) else X @ A.T) + w
+
+
+def _warn_if_large(X_neighbours: np.ndarray) -> None:
+    """Warn when the unlabelled samples an adapter keeps exceed ``KEPT_NEIGHBOURS_WARN_BYTES``."""
+    if X_neighbours.nbytes > KEPT_NEIGHBOURS_WARN_BYTES:
+        warnings.warn(
+            f"select='auto' found this shift hard and smooths every score over the "
+            f"{len(X_neighbours)} unlabelled target samples, so the model and a registered "
+            f"adapter keep them: {X_neighbours.nbytes / 1e6:,.0f} MB. Pass a random subsample "
+            "of Xt_unlabelled (a few thousand samples) to keep it smaller.",
+            UserWarning,
+            stacklevel=3,
+        )
