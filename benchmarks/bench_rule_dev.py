@@ -499,8 +499,8 @@ def source_subsample(pool: SamplePool, ys, job):
 
 
 def collect_frozen(job, data_dir, seed, params=None):
-    """The frozen rule on one split, run by the product (``core/auto.py``,
-    :func:`~mmdtl2_dist.core.auto.fit_predict_auto`, with the caller's MMDTL2 ``params``):
+    """The frozen rule on one split, run by the product (``core/auto_fit.py``,
+    :func:`~mmdtl2_dist.core.auto_fit.fit_predict_auto`, with the caller's MMDTL2 ``params``):
     its pick, its cost in fits and its wall time against one fit of the pick, beside the
     reference SVMs."""
     pool, base, yq = split_problem(job, data_dir, seed)
@@ -630,7 +630,8 @@ def collect_variants(job, data_dir, seed, wanted=VARIANTS):
     The product's rule (``fit_predict_auto``, since STF's adoption ``auto-2026-11-26-stf``)
     gives the pick; the frozen rule is that pick refitted on the labelled targets, as the
     version without self-training ran it (the CV is the same), and ``acc_product`` the
-    product's accuracy (equal to STF's).
+    product's accuracy (STF's until version ``auto-2026-11-29-knsh``, which smooths the
+    final scores on hard shifts).
 
     - **ST** / **ST2**: the frozen rule's pick refitted with the pseudo-labelled scored
       targets added (1× / 2× each class's labelled count, largest margins of the pick's

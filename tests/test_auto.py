@@ -437,8 +437,10 @@ def test_a_split_with_many_labels_leaves_the_target_svm_only_for_a_clear_gain():
     gains = {r["candidate"]: (r["gain_over_default"], r["se"]) for r in choice.table}
     assert gains["D0"] == pytest.approx((0.04627, 0.03525), abs=1e-4) and gains["S"][0] < 0
     assert choice.params["c_d"] == res.info["auto"]["c_d"] == 0.0
-    scores, classes = unsmoothed(choice, len(yq))  # a hard shift: the rule then smooths
-    assert np.mean(classes[scores.argmax(1)] == yq) == pytest.approx(0.4471865745310958, abs=1e-12)
+    assert np.mean(res.y_pred == yq) == pytest.approx(0.4471865745310958, abs=1e-12)
+    # a hard shift, but more than 10 labels a class: no smoothing (nor self-training)
+    assert len(choice.neighbours) == 0 and res.info["auto"]["neighbours"] is None
+    np.testing.assert_array_equal(res.scores, unsmoothed(choice, len(yq))[0])
     plain = fit_predict("target_svm", {"c_t": 1.0}, pool_problem(pool, ys, yt, None))
     assert np.mean(plain.y_pred == yq) == pytest.approx(0.4106614017769003, abs=1e-12)
 
@@ -781,9 +783,14 @@ def test_the_estimators_adapter_smooths_as_the_gram_form_and_one_sample_at_a_tim
     assert meta["format"] == "mmdtl2-adapter/2" and arrays["X_neighbours"].shape == (40, 20)
     back = AdapterState.from_arrays(arrays, meta)
     np.testing.assert_array_equal(back.decision_function(Xu), est.decision_function(Xu))
+    bad = {**arrays, "scores_neighbours": arrays["scores_neighbours"][:, :1]}
+    with pytest.raises(ValueError, match=r"scores_neighbours of shape \(40, 1\), not"):
+        AdapterState.from_arrays(bad, meta)
     del arrays["scores_neighbours"]
-    with pytest.raises(ValueError, match="does not match its arrays"):
+    with pytest.raises(ValueError, match=r"holds the neighbour arrays \['X_neighbours'\] where"):
         AdapterState.from_arrays(arrays, meta)
+    with pytest.raises(ValueError, match="where its format has neither"):
+        AdapterState.from_arrays(arrays, {**meta, "format": "mmdtl2-adapter/1"})
 
 
 def test_keeping_large_unlabelled_samples_warns(monkeypatch):

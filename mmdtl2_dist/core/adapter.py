@@ -228,9 +228,11 @@ class AdapterState:
     def decision_function(self, X) -> np.ndarray:
         """Scores (n, K) of raw (not yet preprocessed) target samples.
 
-        The input is checked by :func:`check_scoring_input` and made C-ordered: the kernel
-        block ``X_train @ Xp.T`` of a column-major copy (what ``DataFrame.to_numpy`` gives)
-        can differ from the estimator's in the last bit.
+        :meth:`fitted_scores`, smoothed over :attr:`X_neighbours` when the adapter keeps
+        them (:mod:`mmdtl2_dist.core.neighbours`). The input is checked by
+        :func:`check_scoring_input` and made C-ordered: the kernel block ``X_train @ Xp.T``
+        of a column-major copy (what ``DataFrame.to_numpy`` gives) can differ from the
+        estimator's in the last bit.
         """
         X = np.ascontiguousarray(check_scoring_input(X, self.n_features))
         Xp = self.preprocessing.transform(X)
@@ -292,12 +294,7 @@ class AdapterState:
         """Inverse of :meth:`to_arrays`."""
         if meta.get("format") not in ADAPTER_FORMATS.values():
             raise ValueError(f"unknown adapter format {meta.get('format')!r}.")
-        near = {k: np.asarray(arrays[k], dtype=np.float64) for k in NEIGHBOUR_ARRAYS if k in arrays}
-        if (meta["format"] == ADAPTER_FORMATS[True]) != (len(near) == len(NEIGHBOUR_ARRAYS)):
-            raise ValueError(
-                f"adapter format {meta['format']!r} does not match its arrays (neighbour "
-                f"arrays {sorted(near)} of {list(NEIGHBOUR_ARRAYS)}); the files are incomplete."
-            )
+        near = neighbour_arrays(arrays, meta)
         dtype = str if meta["classes_dtype"] == "str" else np.int64
         pre = PreprocessStats(
             meta["preprocessing"], arrays.get("pre_mean"), arrays.get("pre_scale")
@@ -329,3 +326,35 @@ class AdapterState:
         with open(str(path) + ".json") as fh:
             meta = json.load(fh)
         return cls.from_arrays(arrays, meta)
+
+
+def neighbour_arrays(arrays: dict, meta: dict) -> dict:
+    """The stored neighbour arrays, checked against the adapter's format and metadata.
+
+    Both or neither (as the format says), of the adapter's feature count and classes, and
+    finite; a damaged file is refused rather than scored wrongly.
+    """
+    near = {k: np.asarray(arrays[k], dtype=np.float64) for k in NEIGHBOUR_ARRAYS if k in arrays}
+    both = meta["format"] == ADAPTER_FORMATS[True]
+    problem = None
+    if len(near) != (len(NEIGHBOUR_ARRAYS) if both else 0):
+        problem = (
+            f"holds the neighbour arrays {sorted(near)} where its format has "
+            f"{'both' if both else 'neither'} of {list(NEIGHBOUR_ARRAYS)}"
+        )
+    elif near:
+        X, S = near["X_neighbours"], near["scores_neighbours"]
+        shape_x, shape_s = (len(X), meta["n_features"]), (len(X), len(meta["classes"]))
+        if X.shape != shape_x or S.shape != shape_s:
+            problem = (
+                f"has X_neighbours of shape {X.shape} and scores_neighbours of shape "
+                f"{S.shape}, not {shape_x} and {shape_s}"
+            )
+        elif not (np.isfinite(X).all() and np.isfinite(S).all()):
+            problem = "has NaN or Inf in its neighbour arrays"
+    if problem:
+        raise ValueError(
+            f"the adapter (format {meta['format']!r}) {problem}; its files are incomplete or "
+            "damaged: save or register the adapter again."
+        )
+    return near

@@ -96,7 +96,9 @@ although 90 % of their pseudo-labels were right; the folds see it. Fits: at most
 ``4·min(n, 3) + min(n, 3) + 1`` = 16.
 
 **Neighbour smoothing on a hard shift.** When the pick's mean held-out hinge loss is at
-least :data:`HARD_HINGE` (on either kind of folds) and there are unlabelled targets, the
+least :data:`HARD_HINGE` (on either kind of folds), no class has more than
+:data:`MANY_LABELS` labelled targets (the range it was confirmed on) and there are
+unlabelled targets, the
 final fit's scores of a target sample are averaged, at weight 0.5, with those of its 5
 nearest unlabelled targets (:mod:`mmdtl2_dist.core.neighbours`; applied on Grams by
 :mod:`mmdtl2_dist.core.auto_fit`, on features by the adapter). No fit is added. Near the
@@ -484,7 +486,8 @@ def select_auto(
         fit_pool, fit_yt, pseudo, labels = self_training_pool(
             pool, yt, unl, scores[pick], classes, times
         )
-    near = unl if folds and float(hinge[pick].mean()) >= HARD_HINGE else unl[:0]
+    hard = bool(folds) and float(hinge[pick].mean()) >= HARD_HINGE
+    near = unl if hard and counts.max() <= MANY_LABELS else unl[:0]
     return AutoChoice(
         pick, rule_params(pick, params), dims[pick], maps[pick],
         choice_table(names, dims, hinge, gains), len(folds), n_min, p,

@@ -16,8 +16,8 @@ of semi-supervised learning), so a sample's neighbours correct some of the class
 errors that the few labelled targets could not.
 
 ``k`` = :data:`NEIGHBOURS`, ``α`` = :data:`NEIGHBOUR_WEIGHT`, frozen on the development
-split sets (BENCHMARKS.md, "Neighbour smoothing of the target scores (KNS)"). Everywhere
-it lost points near the ceiling on small target domains (DeCAF6 webcam → dslr: 157
+split sets (BENCHMARKS.md, "Neighbour smoothing of the target scores (KNS)"). Applied on
+every shift, it lost points near the ceiling on small target domains (DeCAF6 webcam → dslr: 157
 images, about 16 a class); ``select="auto"`` smooths only on a shift its fold fits find
 hard (:data:`~mmdtl2_dist.core.auto.HARD_HINGE`), as confirmed on new split sets
 ("Neighbour smoothing on hard shifts only (KNS-H)").
@@ -69,7 +69,7 @@ def smoothed_scores(scores_q: np.ndarray, cos_qu: np.ndarray, scores_u: np.ndarr
     nearest = np.argpartition(-sim, k - 1, axis=1)[:, :k]
     valid = np.isfinite(np.take_along_axis(sim, nearest, axis=1))
     counts = valid.sum(axis=1)
-    total = np.einsum("qk,qkc->qc", valid.astype(float), np.asarray(scores_u, float)[nearest])
+    total = np.where(valid[..., None], np.asarray(scores_u, float)[nearest], 0.0).sum(axis=1)
     mean = total / np.maximum(counts, 1)[:, None]
     alpha = np.where(counts > 0, NEIGHBOUR_WEIGHT, 0.0)[:, None]
     return (1.0 - alpha) * scores_q + alpha * mean

@@ -6,7 +6,9 @@ state is the artifact folder ``adapter``, written by :meth:`AdapterState.save`:
 
 - ``adapter.npz``: the arrays (``np.load(..., allow_pickle=False)``): the M preprocessed
   training target samples ``X_train`` (M, Lt), the coefficients ``P`` (K, M) and ``b``
-  (K,), the optional prior term ``V``, the preprocessing statistics;
+  (K,), the optional prior term ``V``, the preprocessing statistics and, for a
+  ``select="auto"`` adapter of a hard shift, the unlabelled targets ``X_neighbours`` and
+  their scores ``scores_neighbours`` that every score is smoothed over;
 - ``adapter.json``: the format tag, class labels, kernel parameters, preprocessing method,
   feature-space name and feature dimension.
 
@@ -19,7 +21,8 @@ estimator.
 
 Input: a float array (n, Lt) of raw target-device features (``{"inputs": [[...]]}`` when
 served). Output: a table with ``class`` (class name), ``label`` (class label) and one
-``score_<class name>`` column per class (the decision values ``P k(x̂) + b``).
+``score_<class name>`` column per class (the decision values ``P k(x̂) + x̂ᵀV + b``,
+smoothed over the neighbours where the adapter keeps them).
 """
 
 from __future__ import annotations

@@ -6,10 +6,12 @@ Layout of a logged model (``<artifact root>/.../artifacts`` of an MLflow LoggedM
                              model_config (class names, devices, feature space, study)
     model_code.py            the pyfunc class (copied from mmdtl2_dist/deploy/model_code.py)
     artifacts/adapter/adapter.npz    X_train (M, Lt), P (K, M), b (K,), [V], [pre_mean,
-                                     pre_scale] (np.savez; loaded with allow_pickle=False)
+                                     pre_scale], [X_neighbours (U, Lt), scores_neighbours
+                                     (U, K)] (np.savez; loaded with allow_pickle=False)
     artifacts/adapter/adapter.json   format, classes, kernel, preprocessing, feature space,
                                      n_features
-    code/mmdtl2_dist/...     the scoring code: AdapterState, kernels, preprocessing (numpy)
+    code/mmdtl2_dist/...     the scoring code: AdapterState, kernels, preprocessing,
+                             neighbour smoothing (numpy)
     requirements.txt, python_env.yaml, conda.yaml
     input_example.json, serving_input_example.json
 

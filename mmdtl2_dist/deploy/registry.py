@@ -242,7 +242,8 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
         }
         tags["auto_pool_size"] = str(fitted.auto["pool_size"])
         tags["auto_pseudo_labelled"] = str(fitted.auto["pseudo_labelled"])
-        tags["auto_neighbours"] = str(fitted.auto["neighbours"])
+        if fitted.auto["neighbours"]:
+            tags["auto_neighbours"] = str(fitted.auto["neighbours"])
     for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):
         v = getattr(cfg, key)
         if v is not None:

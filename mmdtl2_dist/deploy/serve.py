@@ -23,7 +23,9 @@ the same pyfunc model with MLflow's scoring app for everything but ``POST
 The server is uvicorn with ``workers`` processes (each loads the model; one slow request
 holds one of them) and at most ``limit_concurrency`` connections per worker (503 beyond).
 Together with ``max_bytes`` that bounds the memory of a worker: a body being parsed takes
-up to about ten times its size (a Python float per JSON number). The settings reach the
+up to about ten times its size (a Python float per JSON number), beside the model itself
+(an adapter that smooths holds its U unlabelled samples, and scores 1,024 rows at a time
+against them). The settings reach the
 worker processes in the environment variables of :data:`ENV`;
 :mod:`mmdtl2_dist.deploy.serve_app` builds the app from them.
 """

@@ -88,7 +88,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
     ----------
     classes_ : ndarray (K,)
     adapter_ : AdapterState
-        The deployable scoring state (target features in, scores out).
+        The deployable scoring state (target features in, scores out); where
+        ``select="auto"`` smooths (``auto_["neighbours"]``), it keeps the preprocessed
+        unlabelled targets and their scores to smooth every score over.
     coef_source_ : ndarray (K, Ls)
         Source-space hyperplanes ``Θᵀ``; ``intercept_`` (K,) their biases.
     objective_ : list of float
@@ -104,7 +106,8 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         With ``select="auto"``: the rule's version, pick, pool size, the number of
         unlabelled targets and of those self-trained into the fit (``pseudo_labelled``),
         the check of self-training on its folds (``self_training_check``: gain and
-        standard error, or None) and its table
+        standard error, or None), the neighbour smoothing (``neighbours``: ``[k, α]`` on
+        a hard shift, else None) and its table
         (:meth:`mmdtl2_dist.core.auto.AutoChoice.record`).
     n_unlabelled_target_ : int
         Unlabelled target samples given to ``fit``.
@@ -160,8 +163,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
 
         ``(Xs, ys)`` source and ``(Xt, yt)`` labelled target samples. The unlabelled
         ``Xt_unlabelled`` enter the target device's preprocessing statistics and, with
-        ``select="auto"``, the shared-PCA prior's pool and the self-training step (some
-        join the final fit with pseudo-labels). The feature dimensions of ``Xs``
+        ``select="auto"``, the shared-PCA prior's pool, the self-training step (some
+        join the final fit with pseudo-labels) and, on a hard shift, the neighbour
+        smoothing of every score (the adapter then keeps them). The feature dimensions of ``Xs``
         and ``Xt`` may differ (except for the identity prior and ``select="auto"``).
         """
         Xs, ys, Xt, yt, classes = self._validate_domains(Xs, ys, Xt, yt)

@@ -228,7 +228,7 @@ def evaluate_unit(plan: StudyPlan, pair: PairPlan, split: Split, trial: dict) ->
 
 
 def _auto_unit(plan: StudyPlan, pair: PairPlan, rows: dict, prob: GramProblem, params: dict):
-    """``select = "auto"`` on one unit (:func:`mmdtl2_dist.core.auto.fit_predict_auto`).
+    """``select = "auto"`` on one unit (:func:`mmdtl2_dist.core.auto_fit.fit_predict_auto`).
 
     The prior's pool is the unit's source training samples and ``rows["pool"]`` (the
     unlabelled target pool of the study's protocol) with the labelled ones; the test
