@@ -209,3 +209,29 @@ def test_an_unreachable_cluster_is_reached_through_a_tunnel_not_an_open_port(cle
         sub.connect(f"http://127.0.0.1:{port}")
     assert "ssh -N -L 8265:127.0.0.1:8265" in str(info.value)
     assert "0.0.0.0" not in str(info.value)
+
+
+def test_an_interrupt_that_escapes_as_a_cancellation_is_an_interrupt(monkeypatch):
+    """A Ctrl-C inside the log stream's own timeouts leaves ``asyncio.run`` with the task's
+    cancellation instead of KeyboardInterrupt (seen once in the loopback suite: exit 1 and
+    a traceback, the job not stopped); following maps it back, so ``mmdtl2 submit`` stops
+    the job and exits 130."""
+    import asyncio
+
+    async def cancelled(*_):
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(sub, "_tail", cancelled)
+    with pytest.raises(KeyboardInterrupt):
+        sub.follow_job(object(), "raysubmit_x")
+
+    class Stopped:
+        value = "STOPPED"
+
+    stopped = []
+    fake = argparse.Namespace(
+        follow_job=sub.follow_job,
+        stop_job=lambda client, job_id: stopped.append(job_id) or Stopped(),
+    )
+    assert command._follow(fake, object(), "raysubmit_x", False) == 130
+    assert stopped == ["raysubmit_x"]

@@ -390,6 +390,11 @@ def follow_job(
     out = out or sys.stdout
     try:
         asyncio.run(_tail(client, job_id, out))
+    except asyncio.CancelledError:
+        # Ctrl-C: asyncio.run cancels the log stream and raises KeyboardInterrupt, unless
+        # the signal lands inside one of the stream's own timeouts, which count
+        # cancellations too; then the cancellation itself escapes. Nothing else cancels it.
+        raise KeyboardInterrupt from None
     except (OSError, RuntimeError, ValueError) as exc:
         print(f"(log stream lost: {_first_line(exc)}; polling instead)", file=sys.stderr)
         _poll_logs(client, job_id, out, poll_interval)
