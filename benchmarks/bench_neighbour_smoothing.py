@@ -74,16 +74,13 @@ def office_split(job) -> dict:
 
 
 def pixels_split(job) -> dict:
-    from bench_rule_pixels import SHIFTS, labelled_rows, load_shift
+    from bench_rule_pixels import pixel_split
     from threadpoolctl import threadpool_limits
 
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
     _, shift, split, n, data, _, seed = job
-    Xs, ys, Xt, yt = load_shift(Path(data), shift)
-    rng = np.random.default_rng([seed, list(SHIFTS).index(shift), n, split])
-    lab = labelled_rows(yt, n, rng)
-    rest = np.setdiff1d(np.arange(len(yt)), lab)
+    Xs, ys, Xt, yt, lab, rest = pixel_split(data, shift, n, split, seed)
     out = {"data": "pixels", "shift": shift, "labels": n, "split": split}
     with threadpool_limits(1):
         rule = MMDTL2(select="auto", preprocessing="l2_zscore")

@@ -66,6 +66,15 @@ def labelled_rows(yt: np.ndarray, n: int, rng) -> np.ndarray:
                            for c in np.unique(yt)])  # fmt: skip
 
 
+def pixel_split(data: str, shift: str, n: int, split: int, seed: int):
+    """``(Xs, ys, Xt, yt, lab, rest)`` of one seeded split: ``n`` labelled targets per
+    class (rows ``lab``), the other target rows ``rest`` unlabelled and scored."""
+    Xs, ys, Xt, yt = load_shift(Path(data), shift)
+    rng = np.random.default_rng([seed, list(SHIFTS).index(shift), n, split])
+    lab = labelled_rows(yt, n, rng)
+    return Xs, ys, Xt, yt, lab, np.setdiff1d(np.arange(len(yt)), lab)
+
+
 def one_split(job) -> dict:
     """The three methods' test accuracy on one split, the rule's pick, and its records."""
     from threadpoolctl import threadpool_limits
@@ -73,10 +82,7 @@ def one_split(job) -> dict:
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
     data, shift, n, split, seed, records, caller = job
-    Xs, ys, Xt, yt = load_shift(Path(data), shift)
-    rng = np.random.default_rng([seed, list(SHIFTS).index(shift), n, split])
-    lab = labelled_rows(yt, n, rng)
-    rest = np.setdiff1d(np.arange(len(yt)), lab)
+    Xs, ys, Xt, yt, lab, rest = pixel_split(data, shift, n, split, seed)
     out = {"shift": shift, "labels": n, "split": split}
     with threadpool_limits(1):
         models = {

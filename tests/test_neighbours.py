@@ -68,7 +68,5 @@ def test_blocks_of_scored_samples_give_the_whole_computation(monkeypatch):
     sq, sq_u = np.einsum("ij,ij->i", Xq, Xq), np.einsum("ij,ij->i", Xu, Xu)
     whole = smoothed_scores(Sq, cosines(Xq @ Xu.T, sq, sq_u), Su)
     monkeypatch.setattr(neighbours, "BLOCK_ROWS", 7)
-    blocks = neighbours.smoothed_in_blocks(
-        Sq, lambda rows: cosines(Xq[rows] @ Xu.T, sq[rows], sq_u), Su
-    )
+    blocks = neighbours.smoothed_in_blocks(Sq, lambda rows: Xq[rows] @ Xu.T, sq, sq_u, Su)
     np.testing.assert_array_equal(blocks, whole)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mmdtl2_dist.core.kernels import KernelSpec
-from mmdtl2_dist.core.neighbours import cosines, smoothed_in_blocks
+from mmdtl2_dist.core.neighbours import smoothed_in_blocks
 from mmdtl2_dist.core.preprocessing import PreprocessStats
 from mmdtl2_dist.core.threads import one_thread
 
@@ -241,11 +241,8 @@ class AdapterState:
             return scores
         Xn = self.X_neighbours
         sq, sq_n = np.einsum("ij,ij->i", Xp, Xp), np.einsum("ij,ij->i", Xn, Xn)
-
-        def cosines_of(rows: slice) -> np.ndarray:
-            return cosines(Xp[rows] @ Xn.T, sq[rows], sq_n)
-
-        return smoothed_in_blocks(scores, cosines_of, self.scores_neighbours)
+        gram_of = lambda rows: Xp[rows] @ Xn.T  # noqa: E731
+        return smoothed_in_blocks(scores, gram_of, sq, sq_n, self.scores_neighbours)
 
     def fitted_scores(self, Xp: np.ndarray) -> np.ndarray:
         """The fitted classifier's scores (n, K) of preprocessed samples, not smoothed."""

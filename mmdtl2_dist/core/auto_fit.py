@@ -16,7 +16,7 @@ import numpy as np
 
 from mmdtl2_dist.core.auto import AutoChoice, select_auto
 from mmdtl2_dist.core.methods import MethodResult, fit_predict
-from mmdtl2_dist.core.neighbours import cosines, smoothed_in_blocks
+from mmdtl2_dist.core.neighbours import smoothed_in_blocks
 from mmdtl2_dist.core.priors import SamplePool
 from mmdtl2_dist.core.self_training import final_scored_rows
 
@@ -51,10 +51,8 @@ def smoothed_result(res: MethodResult, pool: SamplePool, unl: np.ndarray) -> Met
     if len(unl):
         at = {int(r): i for i, r in enumerate(final_scored_rows(pool, unl))}
         K, sq = pool.Ktt, np.diag(pool.Ktt)
-
-        def cosines_of(rows: slice) -> np.ndarray:
-            return cosines(K[np.ix_(test[rows], unl)], sq[test[rows]], sq[unl])
-
-        scores_u = scores[[at[int(r)] for r in unl]]
-        scores = smoothed_in_blocks(scores[: len(test)], cosines_of, scores_u)
+        scores = smoothed_in_blocks(
+            scores[: len(test)], lambda rows: K[np.ix_(test[rows], unl)], sq[test], sq[unl],
+            scores[[at[int(r)] for r in unl]],
+        )  # fmt: skip
     return MethodResult(res.classes[np.argmax(scores, axis=1)], scores, res.classes, res.info)

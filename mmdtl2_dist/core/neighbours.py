@@ -76,16 +76,22 @@ def smoothed_scores(scores_q: np.ndarray, cos_qu: np.ndarray, scores_u: np.ndarr
 
 
 def smoothed_in_blocks(
-    scores_q: np.ndarray, cosines_of: Callable[[slice], np.ndarray], scores_u: np.ndarray
+    scores_q: np.ndarray,
+    gram_of: Callable[[slice], np.ndarray],
+    sq_q: np.ndarray,
+    sq_u: np.ndarray,
+    scores_u: np.ndarray,
 ) -> np.ndarray:
     """:func:`smoothed_scores` of every scored sample, :data:`BLOCK_ROWS` at a time.
 
-    ``cosines_of(rows)`` gives the cosines (a slice of the scored samples × every
-    unlabelled sample) of a block of rows.
+    ``gram_of(rows)`` gives the linear Gram block of a slice of the scored samples × every
+    unlabelled sample; ``sq_q``, ``sq_u`` are their squared norms (the cosines'
+    denominators, :func:`cosines`).
     """
-    scores_q = np.asarray(scores_q, float)
+    scores_q, sq_q = np.asarray(scores_q, float), np.asarray(sq_q, float)
     out = np.empty_like(scores_q)
     for start in range(0, len(scores_q), BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
-        out[rows] = smoothed_scores(scores_q[rows], cosines_of(rows), scores_u)
+        cos = cosines(gram_of(rows), sq_q[rows], sq_u)
+        out[rows] = smoothed_scores(scores_q[rows], cos, scores_u)
     return out
