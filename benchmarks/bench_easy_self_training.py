@@ -1,0 +1,210 @@
+"""Self-training on hard shifts only (STHO): a dev study of the rule, not in the product.
+
+    python benchmarks/bench_easy_self_training.py --office DIR --pixels DIR
+        [--labels 3 10] [--splits 10] [--office-seed 2049] [--pixels-seed 2040]
+        [--source-per-class N] [--workers 2] [--out benchmarks/results/stho.json]
+
+The variant (BENCHMARKS.md, "Self-training on hard shifts only (STHO)"): the rule as the
+product runs it (``select="auto"``), except that an **easy** shift (the pick's mean
+held-out hinge loss below the rule's ``HARD_HINGE``, 0.25) does not self-train: its final
+fit uses the labelled targets alone, and the self-training check's fold refits are not
+run. Hard shifts are unchanged (twice the pseudo-labels up to 3 labels a class, once up to
+10, the check, the neighbour smoothing). It is applied by replacing the rule's
+``pseudo_labels_per_labelled`` in this process, so everything else is the product's code.
+
+Office-Caltech10 (SURF, GoogLeNet-1024, DeCAF6; ``bench_rule_dev.split_problem``, whose
+seeds and draws it reuses) and the raw-pixel shifts of ``bench_rule_pixels`` (COIL20,
+MNIST ↔ USPS, ``l2_zscore``, through the estimator). For every split: the rule's
+accuracy, the variant's and the source and target SVMs'. The variant is fitted only where
+it can differ (the product self-trained on an easy shift); elsewhere it is the rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+
+@contextmanager
+def hard_shifts_only():
+    """The rule with no self-training where the pick's held-out hinge is below HARD_HINGE."""
+    from mmdtl2_dist.core import auto
+
+    product = auto.pseudo_labels_per_labelled
+
+    def variant(most_per_class: int, pick_hinge: float) -> int:
+        return product(most_per_class, pick_hinge) if pick_hinge >= auto.HARD_HINGE else 0
+
+    auto.pseudo_labels_per_labelled = variant
+    try:
+        yield
+    finally:
+        auto.pseudo_labels_per_labelled = product
+
+
+def pick_hinge(record: dict) -> float | None:
+    return next(r["cv_hinge"] for r in record["table"] if r["candidate"] == record["pick"])
+
+
+def differs(record: dict) -> bool:
+    """Whether the variant can change this split: the product self-trained an easy shift."""
+    from mmdtl2_dist.core.auto import HARD_HINGE
+
+    hinge = pick_hinge(record)
+    return bool(record["pseudo_per_labelled"]) and hinge is not None and hinge < HARD_HINGE
+
+
+def office_split(job) -> dict:
+    from bench_rule_dev import split_problem
+
+    from mmdtl2_dist.core.auto_fit import fit_predict_auto
+    from mmdtl2_dist.core.methods import fit_predict
+
+    data, vary, seed = job[-3:]
+    key = (*job[:5], *([vary] if vary else []))
+    pool, base, yq = split_problem(key, data, seed)
+    res, choice = fit_predict_auto(pool, base.ys, base.yt)
+    record = choice.record()
+    out = {"data": job[0], "shift": f"{job[1]}-{job[2]}", "labels": job[4], "split": job[3]}
+    out["rule"] = out["variant"] = acc(res.y_pred, yq)
+    if differs(record):
+        with hard_shifts_only():
+            out["variant"] = acc(fit_predict_auto(pool, base.ys, base.yt)[0].y_pred, yq)
+    for m in ("source_svm", "target_svm"):
+        out[m] = acc(fit_predict(m, {}, base).y_pred, yq)
+    return {**out, "pick": choice.pick, "pick_hinge": pick_hinge(record),
+            "pseudo_per_labelled": record["pseudo_per_labelled"]}  # fmt: skip
+
+
+def pixels_split(job) -> dict:
+    from bench_rule_pixels import pixel_split
+    from threadpoolctl import threadpool_limits
+
+    from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
+
+    _, shift, split, n, data, _, seed = job
+    Xs, ys, Xt, yt, lab, rest = pixel_split(data, shift, n, split, seed)
+    out = {"data": "pixels", "shift": shift, "labels": n, "split": split}
+
+    def fitted(est):
+        est.fit_domains(Xs, ys, Xt[lab], yt[lab], Xt_unlabelled=Xt[rest])
+        return est, 100 * float(est.score(Xt[rest], yt[rest]))
+
+    with threadpool_limits(1):
+        rule, out["rule"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
+        out["variant"] = out["rule"]
+        if differs(rule.auto_):
+            with hard_shifts_only():
+                out["variant"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))[1]
+        for name, est in (("source_svm", SourceSVM), ("target_svm", TargetSVM)):
+            out[name] = fitted(est(preprocessing="l2_zscore"))[1]
+    record = rule.auto_
+    return {**out, "pick": record["pick"], "pick_hinge": pick_hinge(record),
+            "pseudo_per_labelled": record["pseudo_per_labelled"]}  # fmt: skip
+
+
+def acc(pred, truth) -> float:
+    return 100 * float(np.mean(np.asarray(pred) == np.asarray(truth)))
+
+
+def group(r: dict) -> str:
+    return {"surf": "surf", "pixels": "pixels"}.get(r["data"], "deep")
+
+
+def summary(runs: list[dict]) -> str:
+    """Per data group and budget: means over shifts, variant − rule, shifts lost, worst."""
+    groups = defaultdict(list)
+    for r in runs:
+        groups[group(r), r["labels"]].append(r)
+    lines = [
+        "| data | labels | splits | changed | rule | STHO | STHO − rule "
+        "| shifts lost, rule / STHO | worst shift, STHO − rule |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for (data, n), rs in sorted(groups.items()):
+        shifts = defaultdict(list)
+        for r in rs:
+            shifts[r["data"], r["shift"]].append(r)
+        mean = {c: np.mean([np.mean([r[c] for r in s]) for s in shifts.values()])
+                for c in ("rule", "variant")}  # fmt: skip
+        lost = {c: sum(lost_shift(s, c) for s in shifts.values()) for c in ("rule", "variant")}
+        gaps = {k: np.mean([r["variant"] - r["rule"] for r in s]) for k, s in shifts.items()}
+        worst = min(gaps, key=gaps.get)
+        changed = sum(r["variant"] != r["rule"] for r in rs)
+        lines.append(
+            f"| {data} | {n} | {len(rs)} | {changed} | {mean['rule']:.2f} | "
+            f"{mean['variant']:.2f} | {mean['variant'] - mean['rule']:+.2f} | "
+            f"{lost['rule']} / {lost['variant']} | {' '.join(worst)} {gaps[worst]:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def lost_shift(runs: list[dict], column: str) -> bool:
+    """More than one standard error below max(source SVM, target SVM) on the shift."""
+    best = max(np.mean([r[m] for r in runs]) for m in ("source_svm", "target_svm"))
+    vals = np.array([r[column] for r in runs])
+    se = vals.std(ddof=1) / np.sqrt(len(vals)) if len(vals) > 1 else 0.0
+    return bool(vals.mean() < best - se)
+
+
+def jobs(args) -> list[tuple]:
+    from bench_rule_dev import jobs_for
+    from bench_rule_pixels import SHIFTS
+
+    vary = {"source_per_class": args.source_per_class} if args.source_per_class else None
+    out = []
+    if args.office:
+        datasets = ["surf", "googlenet1024", "decaf6"]
+        office = jobs_for(datasets, str(args.office), args.labels, args.splits)
+        out += [(*j, str(args.office), vary, args.office_seed) for j in office]
+    if args.pixels:
+        out += [("pixels", s, k, n, str(args.pixels), None, args.pixels_seed)
+                for s in SHIFTS for n in args.labels for k in range(args.splits)]  # fmt: skip
+    return out
+
+
+def one(job) -> dict:
+    return pixels_split(job) if job[0] == "pixels" else office_split(job)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--office", type=Path, default=None, help="the Office-Caltech10 data folder")
+    ap.add_argument("--pixels", type=Path, default=None, help="COIL_1.mat, MNIST_vs_USPS.mat")
+    ap.add_argument("--labels", type=int, nargs="+", default=[3, 10])
+    ap.add_argument("--splits", type=int, default=10)
+    ap.add_argument("--office-seed", type=int, default=2049, help="bench_rule_dev's split seed")
+    ap.add_argument("--pixels-seed", type=int, default=2040, help="bench_rule_pixels' seed")
+    ap.add_argument("--source-per-class", type=int, default=None, help="Office source draw")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/stho.json"))
+    args = ap.parse_args()
+    if args.out.is_dir():
+        ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.workers) as pool:
+        runs = list(pool.map(one, jobs(args)))
+    table = summary(runs)
+    print(table)
+    meta = {
+        "command": "python benchmarks/bench_easy_self_training.py " + " ".join(os.sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "seconds": time.perf_counter() - t0,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+    args.out.with_suffix(".md").write_text(f"# `{meta['command']}`\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
