@@ -1,0 +1,124 @@
+"""What ``select="auto"`` costs against one fit of the configuration it picks.
+
+    python benchmarks/bench_selection_cost.py [--splits 20]
+        [--out benchmarks/results/selection_cost.json]
+
+The issue's target: the selection costs at most 10 single fits of the chosen
+configuration, measured on the Office study (Office-Caltech10 SURF, Hoffman's 20 splits
+of the 12 shifts, 3 labelled targets a class, the whole target domain in the pool as the
+study's transductive protocol has it). For every split, in one process with one BLAS
+thread, the wall time of
+
+- the selection (:func:`~mmdtl2_dist.core.auto.select_auto`: the pool's
+  eigendecompositions, every candidate's fold fits, the self-training check's refits),
+- the final fit of the pick (its problem as the rule built it: the labelled and
+  pseudo-labelled targets, scoring the test samples and the unlabelled targets it smooths
+  over), and
+- the neighbour smoothing of its scores on a hard shift, and
+- the pick's prior, built again as a user fitting that configuration alone would build it
+  (a shared-PCA pick: the pool's eigendecomposition and the prior's Gram blocks; nothing
+  for the identity prior or the target SVM), which the selection computed once for its
+  candidates,
+
+and the number of fits. Reported, as the median, the 90th percentile and the ratio of the
+sums over the splits: selection / final fit, and selection / **one fit of the chosen
+configuration** as a user runs it (its prior, its fit, its smoothing). Each split is timed
+once; the study's own ``cv_s`` and ``fit_s`` measure the first two parts with a Ray
+worker's overheads around them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+from office_splits import domain_features
+from threadpoolctl import threadpool_limits
+
+from mmdtl2_dist.core.auto import select_auto
+from mmdtl2_dist.core.auto_fit import smoothed_result
+from mmdtl2_dist.core.methods import fit_predict
+from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
+from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_hoffman_splits
+
+
+def split_pool(source: str, target: str, k: int):
+    """Hoffman's split ``k`` as the study's pool: its source rows, the whole target domain."""
+    Xs, ys = domain_features(source)
+    Xt, yt = domain_features(target)
+    sp = load_hoffman_splits(source, target)[k]
+    Xs, ys = Xs[sp.source_train], ys[sp.source_train]
+    pool = SamplePool(Xs @ Xs.T, Xt @ Xt.T, Xs @ Xt.T, np.arange(len(ys)),
+                      np.asarray(sp.target_train), np.asarray(sp.target_test))  # fmt: skip
+    return pool, ys, yt[sp.target_train], yt[sp.target_test]
+
+
+def timed_split(source: str, target: str, k: int) -> dict:
+    pool, ys, yt, yq = split_pool(source, target, k)
+    t0 = time.perf_counter()
+    choice = select_auto(pool, ys, yt)
+    t1 = time.perf_counter()
+    res = fit_predict(choice.method, choice.params, choice.problem)
+    t2 = time.perf_counter()
+    res = smoothed_result(res, pool, choice.neighbours)
+    t3 = time.perf_counter()
+    return {
+        "shift": f"{source}-{target}", "split": k, "pick": choice.pick,
+        "n_fits": choice.n_fits, "select_s": t1 - t0, "fit_s": t2 - t1, "smooth_s": t3 - t2,
+        "prior_s": prior_seconds(pool, choice.pca_dim),
+        "accuracy": 100 * float(np.mean(res.y_pred == yq)),
+    }  # fmt: skip
+
+
+def prior_seconds(pool: SamplePool, d: int | None) -> float:
+    """Wall time of a shared-PCA prior of dimension ``d`` and its blocks (0 without one)."""
+    if d is None:
+        return 0.0
+    t0 = time.perf_counter()
+    learnt_pca_map(pool, d, np.ones(pool.Kyy.shape[0], bool)).blocks(pool)
+    return time.perf_counter() - t0
+
+
+def one_fit(u: dict) -> float:
+    """One fit of the chosen configuration from scratch: its prior, fit and smoothing."""
+    return u["prior_s"] + u["fit_s"] + u["smooth_s"]
+
+
+def ratios(runs: list[dict], denominator) -> dict:
+    r = np.array([u["select_s"] / denominator(u) for u in runs])
+    total = sum(u["select_s"] for u in runs) / sum(denominator(u) for u in runs)
+    return {"median": float(np.median(r)), "p90": float(np.quantile(r, 0.9)), "sums": total}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--splits", type=int, default=20, help="Hoffman's splits per shift")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/selection_cost.json"))
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    with threadpool_limits(1):
+        runs = [timed_split(s, t, k) for s, t in SHIFTS for k in range(args.splits)]
+    summary = {
+        "selection / final fit": ratios(runs, lambda u: u["fit_s"]),
+        "selection / one fit of the chosen configuration": ratios(runs, one_fit),
+        "fits": {"min": min(u["n_fits"] for u in runs), "max": max(u["n_fits"] for u in runs)},
+        "mean accuracy": float(np.mean([u["accuracy"] for u in runs])),
+    }
+    print(json.dumps(summary, indent=1))
+    meta = {
+        "command": "python benchmarks/bench_selection_cost.py " + " ".join(os.sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "load_average_after": os.getloadavg(),
+        "seconds": time.perf_counter() - t0,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
