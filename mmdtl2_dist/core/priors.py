@@ -345,33 +345,42 @@ def subspace_alignment_map(
 
 
 def shared_pca_map(
-    pool: SamplePool, d: int, *, center: bool = True, basis: PCABasis | None = None
+    pool: SamplePool,
+    d: int,
+    *,
+    center: bool = True,
+    basis: PCABasis | None = None,
+    learn: np.ndarray | None = None,
+    up_to: bool = False,
 ) -> PoolMap:
-    """The projection ``W0 = P Pᵀ`` on the ``d``-dim PCA subspace of the whole pool.
+    """The projection ``W0 = P Pᵀ`` on the ``d``-dim PCA subspace of the pool.
 
-    ``basis``: :func:`pca_basis` of the pool's ``Kyy`` with at least ``d`` axes, if known.
+    ``learn``: a mask of ``pool.Kyy``'s rows to learn the subspace from (all by default);
+    the other rows (samples scored but not learnt from) get zero coefficients, so the map
+    is the projection on the learnt subspace for every sample. ``basis``: :func:`pca_basis`
+    of the learnt rows' Gram with at least ``d`` axes, if known. ``up_to``: lower ``d`` to
+    the rank of the centred learnt rows when they span fewer dimensions, instead of
+    raising.
     """
     pool.validate()
-    A = basis_coefficients(basis, pool.Kyy, d, center, "pool samples")
+    learn = np.ones(pool.Kyy.shape[0], bool) if learn is None else np.asarray(learn, bool)
+    Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
+    if basis is None:
+        coef = pca_basis(Kyy, d, center=center, what="pool samples", up_to=up_to).A
+    else:
+        coef = basis_coefficients(basis, Kyy, d, center, "pool samples")
+    A = coef if learn.all() else np.zeros((len(learn), coef.shape[1]))
+    A[learn] = coef
     return PoolMap(0.0, A, A.T)
 
 
 def learnt_pca_map(pool: SamplePool, d: int | None, learn: np.ndarray) -> PoolMap | None:
-    """The shared-PCA map of dimension ``d`` over the pool rows ``learn`` (None if no ``d``).
+    """The rule's shared-PCA map, None for a candidate without one (``d`` None).
 
-    ``learn`` is a mask of ``pool.Kyy``'s rows; the other rows (samples scored but not
-    learnt from) get zero coefficients, so the map is the projection on the learnt
-    subspace for every sample. ``d`` is lowered to the rank of the centred learnt rows
-    when they span fewer dimensions (features of fewer than ``d`` dimensions; never on
-    the dev data).
+    :func:`shared_pca_map` over the rows ``learn``, ``d`` lowered to their rank (features
+    of fewer than ``d`` dimensions; never on the dev data).
     """
-    if d is None:
-        return None
-    Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
-    basis = pca_basis(Kyy, d, what="pool samples", up_to=True)
-    A = np.zeros((len(learn), basis.A.shape[1]))
-    A[learn] = basis.A
-    return PoolMap(0.0, A, A.T)  # shared_pca_map's W0 = P Pᵀ, P = Yᵀ A
+    return None if d is None else shared_pca_map(pool, d, learn=learn, up_to=True)
 
 
 def coral_map(
