@@ -21,17 +21,11 @@ it can differ (the product self-trained on an easy shift); elsewhere it is the r
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
+from bench_neighbour_smoothing import lost_shift, run_study, study_arguments
 
 
 @contextmanager
@@ -148,62 +142,13 @@ def summary(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def lost_shift(runs: list[dict], column: str) -> bool:
-    """More than one standard error below max(source SVM, target SVM) on the shift."""
-    best = max(np.mean([r[m] for r in runs]) for m in ("source_svm", "target_svm"))
-    vals = np.array([r[column] for r in runs])
-    se = vals.std(ddof=1) / np.sqrt(len(vals)) if len(vals) > 1 else 0.0
-    return bool(vals.mean() < best - se)
-
-
-def jobs(args) -> list[tuple]:
-    from bench_rule_dev import jobs_for
-    from bench_rule_pixels import SHIFTS
-
-    vary = {"source_per_class": args.source_per_class} if args.source_per_class else None
-    out = []
-    if args.office:
-        datasets = ["surf", "googlenet1024", "decaf6"]
-        office = jobs_for(datasets, str(args.office), args.labels, args.splits)
-        out += [(*j, str(args.office), vary, args.office_seed) for j in office]
-    if args.pixels:
-        out += [("pixels", s, k, n, str(args.pixels), None, args.pixels_seed)
-                for s in SHIFTS for n in args.labels for k in range(args.splits)]  # fmt: skip
-    return out
-
-
 def one(job) -> dict:
     return pixels_split(job) if job[0] == "pixels" else office_split(job)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--office", type=Path, default=None, help="the Office-Caltech10 data folder")
-    ap.add_argument("--pixels", type=Path, default=None, help="COIL_1.mat, MNIST_vs_USPS.mat")
-    ap.add_argument("--labels", type=int, nargs="+", default=[3, 10])
-    ap.add_argument("--splits", type=int, default=10)
-    ap.add_argument("--office-seed", type=int, default=2049, help="bench_rule_dev's split seed")
-    ap.add_argument("--pixels-seed", type=int, default=2040, help="bench_rule_pixels' seed")
-    ap.add_argument("--source-per-class", type=int, default=None, help="Office source draw")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/stho.json"))
-    args = ap.parse_args()
-    if args.out.is_dir():
-        ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(args.workers) as pool:
-        runs = list(pool.map(one, jobs(args)))
-    table = summary(runs)
-    print(table)
-    meta = {
-        "command": "python benchmarks/bench_easy_self_training.py " + " ".join(os.sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-        "seconds": time.perf_counter() - t0,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
-    args.out.with_suffix(".md").write_text(f"# `{meta['command']}`\n\n{table}\n")
+    args = study_arguments(__doc__.split("\n")[0], [3, 10], 2049, "benchmarks/results/stho.json")
+    run_study(args, one, summary, "bench_easy_self_training.py")
 
 
 if __name__ == "__main__":

@@ -168,20 +168,27 @@ def one(job) -> dict:
     return pixels_split(job) if job[0] == "pixels" else office_split(job)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def study_arguments(description: str, labels, office_seed: int, out: str):
+    """The command line of a dev study of the rule on Office-Caltech10 and the pixels."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--office", type=Path, default=None, help="the Office-Caltech10 data folder")
     ap.add_argument("--pixels", type=Path, default=None, help="COIL_1.mat, MNIST_vs_USPS.mat")
-    ap.add_argument("--labels", type=int, nargs="+", default=[1, 3, 10])
+    ap.add_argument("--labels", type=int, nargs="+", default=labels)
     ap.add_argument("--splits", type=int, default=10)
-    ap.add_argument("--office-seed", type=int, default=2027, help="bench_rule_dev's dev seed")
+    ap.add_argument("--office-seed", type=int, default=office_seed, help="bench_rule_dev's seed")
     ap.add_argument("--pixels-seed", type=int, default=2040, help="bench_rule_pixels' dev seed")
     ap.add_argument("--source-per-class", type=int, default=None, help="Office source draw")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kns.json"))
+    ap.add_argument("--out", type=Path, default=Path(out))
     args = ap.parse_args()
     if args.out.is_dir():
         ap.error(f"--out {args.out} is a folder: give the JSON file to write (its .md beside it)")
+    return args
+
+
+def run_study(args, one, summary, script: str, **meta) -> None:
+    """Every split of ``jobs(args)`` through ``one`` on ``args.workers`` processes (one BLAS
+    thread each); the ``summary`` table printed and written beside the JSON of the runs."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
@@ -189,15 +196,19 @@ def main() -> None:
     table = summary(runs)
     print(table)
     meta = {
-        "command": "python benchmarks/bench_neighbour_smoothing.py " + " ".join(os.sys.argv[1:]),
+        "command": f"python benchmarks/{script} " + " ".join(os.sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "seconds": time.perf_counter() - t0,
-        "k": K_NEIGHBOURS,
-        "alpha": ALPHA,
+        **meta,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     args.out.with_suffix(".md").write_text(f"# `{meta['command']}`\n\n{table}\n")
+
+
+def main() -> None:
+    args = study_arguments(__doc__.split("\n")[0], [1, 3, 10], 2027, "benchmarks/results/kns.json")
+    run_study(args, one, summary, "bench_neighbour_smoothing.py", k=K_NEIGHBOURS, alpha=ALPHA)
 
 
 if __name__ == "__main__":
