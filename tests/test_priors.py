@@ -118,6 +118,37 @@ def test_shared_pca_equals_feature_space(center):
     _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, P @ P.T))
 
 
+def test_shared_pca_over_the_learnt_rows_equals_feature_space():
+    """``learn``: the subspace is the PCA of the learnt rows only, and every sample (learnt
+    or only scored) is projected on it."""
+    pool, Ys, Yt, ys, yt = _split(seed=2)
+    learn = np.ones(len(Ys) + len(Yt), bool)
+    learn[len(Ys) + pool.target_test[::2]] = False  # half the scored targets not learnt
+    P = _pca_basis(np.vstack([Ys, Yt])[learn], 4)
+    got = pool.problem(ys, yt, shared_pca_map(pool, 4, learn=learn).blocks(pool))
+    _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, P @ P.T))
+
+
+def test_shared_pca_leaves_a_given_basis_untouched_and_takes_a_read_only_one():
+    pool, *_ = _split(seed=3)
+    basis = pca_basis(pool.Kyy, 4)
+    before = basis.A.copy()
+    basis.A.setflags(write=False)
+    got = shared_pca_map(pool, 4, basis=basis).blocks(pool)
+    want = shared_pca_map(pool, 4).blocks(pool)
+    for name in BLOCKS:
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(basis.A, before)
+
+
+def test_a_learn_mask_of_the_wrong_shape_or_type_names_the_fix():
+    pool, *_ = _split()
+    p = pool.Kyy.shape[0]
+    for bad in (np.ones(p - 1, bool), np.arange(p), np.ones((p, 1), bool)):
+        with pytest.raises(ValueError, match=rf"learn must be a boolean mask of the pool's {p}"):
+            shared_pca_map(pool, 2, learn=bad)
+
+
 @pytest.mark.parametrize(
     ("L", "ns", "nt", "reg"),
     [(12, 30, 40, 1.0), (50, 20, 25, 1.0), (12, 30, 40, 0.1)],

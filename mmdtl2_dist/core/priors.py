@@ -355,21 +355,31 @@ def shared_pca_map(
 ) -> PoolMap:
     """The projection ``W0 = P Pᵀ`` on the ``d``-dim PCA subspace of the pool.
 
-    ``learn``: a mask of ``pool.Kyy``'s rows to learn the subspace from (all by default);
-    the other rows (samples scored but not learnt from) get zero coefficients, so the map
-    is the projection on the learnt subspace for every sample. ``basis``: :func:`pca_basis`
-    of the learnt rows' Gram with at least ``d`` axes, if known. ``up_to``: lower ``d`` to
-    the rank of the centred learnt rows when they span fewer dimensions, instead of
+    ``learn``: a boolean mask of ``pool.Kyy``'s rows to learn the subspace from (all by
+    default); the other rows (samples scored but not learnt from) get zero coefficients, so
+    the map is the projection on the learnt subspace for every sample. ``basis``:
+    :func:`pca_basis` of the learnt rows' Gram with at least ``d`` axes, if known (then
+    ``d`` is taken from it as asked, and ``up_to`` does not apply). ``up_to``: lower ``d``
+    to the rank of the centred learnt rows when they span fewer dimensions, instead of
     raising.
     """
     pool.validate()
-    learn = np.ones(pool.Kyy.shape[0], bool) if learn is None else np.asarray(learn, bool)
+    p = pool.Kyy.shape[0]
+    learn = np.ones(p, bool) if learn is None else np.asarray(learn)
+    if learn.shape != (p,) or learn.dtype != bool:
+        raise ValueError(
+            f"learn must be a boolean mask of the pool's {p} rows (source rows first), got "
+            f"{learn.dtype} of shape {learn.shape}; build it as np.zeros({p}, bool) with True "
+            "at the rows to learn from."
+        )
     Kyy = pool.Kyy if learn.all() else pool.Kyy[np.ix_(learn, learn)]
     if basis is None:
         coef = pca_basis(Kyy, d, center=center, what="pool samples", up_to=up_to).A
     else:
         coef = basis_coefficients(basis, Kyy, d, center, "pool samples")
-    A = coef if learn.all() else np.zeros((len(learn), coef.shape[1]))
+    if learn.all():
+        return PoolMap(0.0, coef, coef.T)
+    A = np.zeros((p, coef.shape[1]))
     A[learn] = coef
     return PoolMap(0.0, A, A.T)
 
@@ -423,8 +433,8 @@ def transductive_prior(pool: SamplePool, name: str, **params) -> PriorBlocks:
 
     ``name`` is ``"sa"``, ``"shared_pca"`` or ``"coral"``; ``params`` go to the map's
     function (:func:`subspace_alignment_map`: ``d``, ``center``, the bases;
-    :func:`shared_pca_map`: ``d``, ``center``, ``basis``; :func:`coral_map`: ``reg``, the
-    bases).
+    :func:`shared_pca_map`: ``d``, ``center``, ``basis``, ``learn``, ``up_to``;
+    :func:`coral_map`: ``reg``, the bases).
     """
     if name not in PRIOR_MAPS:
         raise ValueError(f"unknown transductive prior {name!r}; choose one of {list(PRIOR_MAPS)}.")
