@@ -186,12 +186,18 @@ def study_arguments(description: str, labels, office_seed: int, out: str):
     return args
 
 
+def one_blas_thread() -> None:
+    """A worker process's BLAS pools held to one thread (numpy is imported by then)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+
+
 def run_study(args, one, summary, script: str, **meta) -> None:
     """Every split of ``jobs(args)`` through ``one`` on ``args.workers`` processes (one BLAS
     thread each); the ``summary`` table printed and written beside the JSON of the runs."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(args.workers) as pool:
+    with ProcessPoolExecutor(args.workers, initializer=one_blas_thread) as pool:
         runs = list(pool.map(one, jobs(args)))
     table = summary(runs)
     print(table)
