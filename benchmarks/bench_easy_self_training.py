@@ -24,8 +24,14 @@ from __future__ import annotations
 from collections import defaultdict
 from contextlib import contextmanager
 
-import numpy as np
-from bench_neighbour_smoothing import lost_shift, run_study, study_arguments
+from bench_neighbour_smoothing import (
+    acc,
+    by_shift,
+    compared,
+    pick_hinge,
+    run_study,
+    study_arguments,
+)
 
 
 @contextmanager
@@ -35,18 +41,14 @@ def hard_shifts_only():
 
     product = auto.pseudo_labels_per_labelled
 
-    def variant(most_per_class: int, pick_hinge: float) -> int:
-        return product(most_per_class, pick_hinge) if pick_hinge >= auto.HARD_HINGE else 0
+    def variant(most_per_class: int, hinge: float) -> int:
+        return product(most_per_class, hinge) if hinge >= auto.HARD_HINGE else 0
 
     auto.pseudo_labels_per_labelled = variant
     try:
         yield
     finally:
         auto.pseudo_labels_per_labelled = product
-
-
-def pick_hinge(record: dict) -> float | None:
-    return next(r["cv_hinge"] for r in record["table"] if r["candidate"] == record["pick"])
 
 
 def differs(record: dict) -> bool:
@@ -106,10 +108,6 @@ def pixels_split(job) -> dict:
             "pseudo_per_labelled": record["pseudo_per_labelled"]}  # fmt: skip
 
 
-def acc(pred, truth) -> float:
-    return 100 * float(np.mean(np.asarray(pred) == np.asarray(truth)))
-
-
 def group(r: dict) -> str:
     return {"surf": "surf", "pixels": "pixels"}.get(r["data"], "deep")
 
@@ -125,19 +123,12 @@ def summary(runs: list[dict]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for (data, n), rs in sorted(groups.items()):
-        shifts = defaultdict(list)
-        for r in rs:
-            shifts[r["data"], r["shift"]].append(r)
-        mean = {c: np.mean([np.mean([r[c] for r in s]) for s in shifts.values()])
-                for c in ("rule", "variant")}  # fmt: skip
-        lost = {c: sum(lost_shift(s, c) for s in shifts.values()) for c in ("rule", "variant")}
-        gaps = {k: np.mean([r["variant"] - r["rule"] for r in s]) for k, s in shifts.items()}
-        worst = min(gaps, key=gaps.get)
+        mean, lost, worst, gap = compared(by_shift(rs), "variant")
         changed = sum(r["variant"] != r["rule"] for r in rs)
         lines.append(
             f"| {data} | {n} | {len(rs)} | {changed} | {mean['rule']:.2f} | "
             f"{mean['variant']:.2f} | {mean['variant'] - mean['rule']:+.2f} | "
-            f"{lost['rule']} / {lost['variant']} | {' '.join(worst)} {gaps[worst]:+.2f} |"
+            f"{lost['rule']} / {lost['variant']} | {' '.join(worst)} {gap:+.2f} |"
         )
     return "\n".join(lines)
 

@@ -103,13 +103,37 @@ def with_hard_variant(out: dict, record: dict) -> dict:
     hinge loss at least the rule's ``HARD_HINGE``), else the rule's; and that hinge."""
     from mmdtl2_dist.core.auto import HARD_HINGE
 
-    hinge = next(r["cv_hinge"] for r in record["table"] if r["candidate"] == record["pick"])
+    hinge = pick_hinge(record)
     hard = hinge is not None and hinge >= HARD_HINGE
     return {**out, "pick_hinge": hinge, "knsh": out["kns"] if hard else out["rule"]}
 
 
+def pick_hinge(record: dict) -> float | None:
+    """The mean held-out hinge loss of the rule's pick (None without folds)."""
+    return next(r["cv_hinge"] for r in record["table"] if r["candidate"] == record["pick"])
+
+
 def acc(pred, truth) -> float:
     return 100 * float(np.mean(np.asarray(pred) == np.asarray(truth)))
+
+
+def by_shift(runs: list[dict]) -> dict:
+    shifts = defaultdict(list)
+    for r in runs:
+        shifts[r["data"], r["shift"]].append(r)
+    return shifts
+
+
+def compared(shifts: dict, variant: str) -> tuple[dict, dict, tuple, float]:
+    """The rule against ``variant`` over ``shifts``: their means over the shifts, the
+    shifts each loses (:func:`lost_shift`), and the shift where ``variant − rule`` is
+    lowest with that gap."""
+    cols = ("rule", variant)
+    mean = {c: np.mean([np.mean([r[c] for r in s]) for s in shifts.values()]) for c in cols}
+    lost = {c: sum(lost_shift(s, c) for s in shifts.values()) for c in cols}
+    gaps = {k: np.mean([r[variant] - r["rule"] for r in s]) for k, s in shifts.items()}
+    worst = min(gaps, key=gaps.get)
+    return mean, lost, worst, gaps[worst]
 
 
 def summary(runs: list[dict]) -> str:
@@ -123,19 +147,12 @@ def summary(runs: list[dict]) -> str:
         "|---|---:|---:|---|---:|---:|---:|---|---|",
     ]
     for (data, n), rs in sorted(groups.items()):
-        shifts = defaultdict(list)
-        for r in rs:
-            shifts[r["data"], r["shift"]].append(r)
         for v in ("kns", "knsh"):
-            mean = {c: np.mean([np.mean([r[c] for r in s]) for s in shifts.values()])
-                    for c in ("rule", v)}  # fmt: skip
-            lost = {c: sum(lost_shift(s, c) for s in shifts.values()) for c in ("rule", v)}
-            gaps = {k: np.mean([r[v] - r["rule"] for r in s]) for k, s in shifts.items()}
-            worst = min(gaps, key=gaps.get)
+            mean, lost, worst, gap = compared(by_shift(rs), v)
             lines.append(
                 f"| {data} | {n} | {len(rs)} | {v.upper()} | {mean['rule']:.2f} | "
                 f"{mean[v]:.2f} | {mean[v] - mean['rule']:+.2f} | {lost['rule']} / {lost[v]} | "
-                f"{' '.join(worst)} {gaps[worst]:+.2f} |"
+                f"{' '.join(worst)} {gap:+.2f} |"
             )
     return "\n".join(lines)
 
