@@ -37,25 +37,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from office_splits import domain_features
+from office_splits import split_pool
 from threadpoolctl import threadpool_limits
 
 from mmdtl2_dist.core.auto import AutoChoice, select_auto
 from mmdtl2_dist.core.auto_fit import smoothed_result
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map, pool_problem
-from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_hoffman_splits
-
-
-def split_pool(source: str, target: str, k: int):
-    """Hoffman's split ``k`` as the study's pool: its source rows, the whole target domain."""
-    Xs, ys = domain_features(source)
-    Xt, yt = domain_features(target)
-    sp = load_hoffman_splits(source, target)[k]
-    Xs, ys = Xs[sp.source_train], ys[sp.source_train]
-    pool = SamplePool(Xs @ Xs.T, Xt @ Xt.T, Xs @ Xt.T, np.arange(len(ys)),
-                      np.asarray(sp.target_train), np.asarray(sp.target_test))  # fmt: skip
-    return pool, ys, yt[sp.target_train], yt[sp.target_test]
+from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
 
 def timed_split(source: str, target: str, k: int) -> dict:
