@@ -21,16 +21,14 @@ it can differ (the product self-trained on an easy shift); elsewhere it is the r
 
 from __future__ import annotations
 
-from collections import defaultdict
 from contextlib import contextmanager
 
 from bench_neighbour_smoothing import (
     acc,
-    by_shift,
-    compared,
     pick_hinge,
     run_study,
     study_arguments,
+    variant_summary,
 )
 
 
@@ -108,38 +106,13 @@ def pixels_split(job) -> dict:
             "pseudo_per_labelled": record["pseudo_per_labelled"]}  # fmt: skip
 
 
-def group(r: dict) -> str:
-    return {"surf": "surf", "pixels": "pixels"}.get(r["data"], "deep")
-
-
-def summary(runs: list[dict]) -> str:
-    """Per data group and budget: means over shifts, variant − rule, shifts lost, worst."""
-    groups = defaultdict(list)
-    for r in runs:
-        groups[group(r), r["labels"]].append(r)
-    lines = [
-        "| data | labels | splits | changed | rule | STHO | STHO − rule "
-        "| shifts lost, rule / STHO | worst shift, STHO − rule |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for (data, n), rs in sorted(groups.items()):
-        mean, lost, worst, gap = compared(by_shift(rs), "variant")
-        changed = sum(r["variant"] != r["rule"] for r in rs)
-        lines.append(
-            f"| {data} | {n} | {len(rs)} | {changed} | {mean['rule']:.2f} | "
-            f"{mean['variant']:.2f} | {mean['variant'] - mean['rule']:+.2f} | "
-            f"{lost['rule']} / {lost['variant']} | {' '.join(worst)} {gap:+.2f} |"
-        )
-    return "\n".join(lines)
-
-
 def one(job) -> dict:
     return pixels_split(job) if job[0] == "pixels" else office_split(job)
 
 
 def main() -> None:
     args = study_arguments(__doc__.split("\n")[0], [3, 10], 2049, "benchmarks/results/stho.json")
-    run_study(args, one, summary, "bench_easy_self_training.py")
+    run_study(args, one, lambda runs: variant_summary(runs, "STHO"), "bench_easy_self_training.py")
 
 
 if __name__ == "__main__":

@@ -157,6 +157,32 @@ def summary(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def data_group(r: dict) -> str:
+    return {"surf": "surf", "pixels": "pixels"}.get(r["data"], "deep")
+
+
+def variant_summary(runs: list[dict], name: str) -> str:
+    """Per data group and budget: the rule against the runs' ``variant`` column (named
+    ``name``): means over shifts, their difference, shifts lost, the worst shift."""
+    groups = defaultdict(list)
+    for r in runs:
+        groups[data_group(r), r["labels"]].append(r)
+    lines = [
+        f"| data | labels | splits | changed | rule | {name} | {name} − rule "
+        f"| shifts lost, rule / {name} | worst shift, {name} − rule |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for (data, n), rs in sorted(groups.items()):
+        mean, lost, worst, gap = compared(by_shift(rs), "variant")
+        changed = sum(r["variant"] != r["rule"] for r in rs)
+        lines.append(
+            f"| {data} | {n} | {len(rs)} | {changed} | {mean['rule']:.2f} | "
+            f"{mean['variant']:.2f} | {mean['variant'] - mean['rule']:+.2f} | "
+            f"{lost['rule']} / {lost['variant']} | {' '.join(worst)} {gap:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def lost_shift(runs: list[dict], column: str) -> bool:
     """More than one standard error below max(source SVM, target SVM) on the shift."""
     best = max(np.mean([r[m] for r in runs]) for m in ("source_svm", "target_svm"))

@@ -1,0 +1,142 @@
+"""The source first where it needs no correction (SF): a dev study of the rule, not in the product.
+
+    python benchmarks/bench_source_first.py --office DIR --pixels DIR
+        [--labels 3 10] [--splits 10] [--office-seed 2049] [--pixels-seed 2040]
+        [--source-per-class N] [--workers 2] [--out benchmarks/results/sf.json]
+
+The variant (BENCHMARKS.md, "The source first where it needs no correction (SF)"): the
+rule as the product runs it (``select="auto"``), except where D is the guard's default
+(2 to ``MANY_LABELS`` labelled targets a class) and the source SVM, fitted on the labelled
+source samples alone, predicts **every labelled target's class** right. There the default
+becomes S (MMDTL2 with the identity prior, trusting the source) with D, O and D0 as its
+alternatives: adaptation must show a held-out gain over trusting the source, instead of
+the source showing one over adaptation. Folds, candidates, the guard's test,
+self-training and smoothing are the product's. The test costs one SVM fit on the source
+rows. It is applied by wrapping the rule's ``rule_folds`` and
+``default_and_alternatives`` in this process, so everything else is the product's code.
+
+Office-Caltech10 (SURF, GoogLeNet-1024, DeCAF6; ``bench_rule_dev.split_problem``, whose
+seeds and draws it reuses) and the raw-pixel shifts of ``bench_rule_pixels`` (COIL20,
+MNIST ↔ USPS, ``l2_zscore``, through the estimator). For every split: the rule's
+accuracy, the variant's, the source and target SVMs', and whether the source SVM was
+right on every labelled target. The variant is fitted only where it can differ.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+from bench_neighbour_smoothing import acc, pick_hinge, run_study, study_arguments, variant_summary
+
+
+def source_needs_no_correction(pool, ys, yt) -> bool:
+    """Whether the source SVM fitted on the labelled source alone (no target sample)
+    predicts every labelled target right."""
+    from mmdtl2_dist.core.methods import fit_predict
+    from mmdtl2_dist.core.priors import pool_problem
+    from mmdtl2_dist.core.selection import sub_problem
+
+    labelled = np.arange(len(yt))
+    problem = sub_problem(pool_problem(pool, ys, yt, None, test_gram=False), labelled[:0], labelled)
+    return bool(np.array_equal(fit_predict("source_svm", {}, problem).y_pred, np.asarray(yt)))
+
+
+@contextmanager
+def source_first(seen: dict, swap: bool = True):
+    """The rule with S as the default where the source needs no correction (``seen``
+    records the test's outcome on the last split); with ``swap=False`` the rule as it is,
+    the test only recorded."""
+    from mmdtl2_dist.core import auto
+
+    folds_of, default_of = auto.rule_folds, auto.default_and_alternatives
+
+    def rule_folds(pool, ys, yt):
+        seen["clean"] = source_needs_no_correction(pool, ys, yt)
+        return folds_of(pool, ys, yt)
+
+    def default_and_alternatives(fewest, covers=True, *, no_pull):
+        default, alternatives = default_of(fewest, covers, no_pull=no_pull)
+        if not swap or default != auto.DEFAULT or not seen["clean"]:
+            return default, alternatives
+        return "S", (auto.DEFAULT, *(a for a in alternatives if a != "S"))
+
+    auto.rule_folds, auto.default_and_alternatives = rule_folds, default_and_alternatives
+    try:
+        yield
+    finally:
+        auto.rule_folds, auto.default_and_alternatives = folds_of, default_of
+
+
+def can_differ(yt: np.ndarray, clean: bool) -> bool:
+    """D is the default (2 to MANY_LABELS labelled targets in every class) and the test holds."""
+    from mmdtl2_dist.core.auto import MANY_LABELS
+
+    counts = np.unique(yt, return_counts=True)[1]
+    return clean and 2 <= counts.min() and counts.min() <= MANY_LABELS
+
+
+def office_split(job) -> dict:
+    from bench_rule_dev import split_problem
+
+    from mmdtl2_dist.core.auto_fit import fit_predict_auto
+    from mmdtl2_dist.core.methods import fit_predict
+
+    data, vary, seed = job[-3:]
+    key = (*job[:5], *([vary] if vary else []))
+    pool, base, yq = split_problem(key, data, seed)
+    seen = {}
+    with source_first(seen, swap=False):
+        res, choice = fit_predict_auto(pool, base.ys, base.yt)
+    out = {"data": job[0], "shift": f"{job[1]}-{job[2]}", "labels": job[4], "split": job[3]}
+    out["rule"] = out["variant"] = acc(res.y_pred, yq)
+    out["clean"], out["variant_pick"] = seen["clean"], choice.pick
+    if can_differ(base.yt, out["clean"]):
+        with source_first(seen):
+            res_v, choice_v = fit_predict_auto(pool, base.ys, base.yt)
+        out.update(variant=acc(res_v.y_pred, yq), variant_pick=choice_v.pick)
+    for m in ("source_svm", "target_svm"):
+        out[m] = acc(fit_predict(m, {}, base).y_pred, yq)
+    return {**out, "pick": choice.pick, "pick_hinge": pick_hinge(choice.record())}
+
+
+def pixels_split(job) -> dict:
+    from bench_rule_pixels import pixel_split
+    from threadpoolctl import threadpool_limits
+
+    from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
+
+    _, shift, split, n, data, _, seed = job
+    Xs, ys, Xt, yt, lab, rest = pixel_split(data, shift, n, split, seed)
+    out = {"data": "pixels", "shift": shift, "labels": n, "split": split}
+
+    def fitted(est):
+        est.fit_domains(Xs, ys, Xt[lab], yt[lab], Xt_unlabelled=Xt[rest])
+        return est, 100 * float(est.score(Xt[rest], yt[rest]))
+
+    with threadpool_limits(1):
+        seen = {}
+        with source_first(seen, swap=False):
+            rule, out["rule"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
+        out["variant"], out["variant_pick"] = out["rule"], rule.auto_["pick"]
+        out["clean"] = seen["clean"]
+        if can_differ(yt[lab], out["clean"]):
+            with source_first(seen):
+                variant, out["variant"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
+            out["variant_pick"] = variant.auto_["pick"]
+        out["source_svm"] = fitted(SourceSVM(preprocessing="l2_zscore"))[1]
+        out["target_svm"] = fitted(TargetSVM(preprocessing="l2_zscore"))[1]
+    return {**out, "pick": rule.auto_["pick"], "pick_hinge": pick_hinge(rule.auto_)}
+
+
+def one(job) -> dict:
+    return pixels_split(job) if job[0] == "pixels" else office_split(job)
+
+
+def main() -> None:
+    args = study_arguments(__doc__.split("\n")[0], [3, 10], 2049, "benchmarks/results/sf.json")
+    run_study(args, one, lambda runs: variant_summary(runs, "SF"), "bench_source_first.py")
+
+
+if __name__ == "__main__":
+    main()
