@@ -456,20 +456,18 @@ def select_auto(
     names = [default, *alternatives] if folds else [default]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if per_class else unl[:0])
-    maps, dims, hinge, scores, per_fold = {}, {}, {}, {}, {}
-    by_dim = {}  # candidates of one dimension share the pool's eigendecomposition
-    for c in names:
+    maps, dims, hinge, scores, per_fold, problems = {}, {}, {}, {}, {}, {}
+    for c in names:  # candidates of one dimension share the map and the folds' blocks
         d = pca_dim(c, n_classes, p)
-        if d not in by_dim:
-            by_dim[d] = learnt_pca_map(pool, d, learn)
-        maps[c] = by_dim[d]
+        if d not in problems:
+            m, both = learnt_pca_map(pool, d, learn), (pool, unl_pool) if folds else ()
+            problems[d] = (m, *(pool_problem(q, ys, yt, m, test_gram=False) for q in both))
+        maps[c], *blocks = problems[d]
         dims[c] = None if maps[c] is None else maps[c].L.shape[1]
         if folds:
             hinge[c], scores[c], classes, per_fold[c] = fold_fits(
-                CANDIDATES[c].method, rule_params(c, params),
-                pool_problem(pool, ys, yt, maps[c], test_gram=False),
-                pool_problem(unl_pool, ys, yt, maps[c], test_gram=False), folds,
-            )  # fmt: skip
+                CANDIDATES[c].method, rule_params(c, params), *blocks, folds
+            )
     pick, gains = guarded_pick(hinge, default, alternatives) if folds else (default, {})
     fit_pool, fit_yt, pseudo, labels, times = pool, yt, np.zeros(0, int), yt[:0], 0
     if scores.get(pick) is not None:
