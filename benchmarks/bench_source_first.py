@@ -15,11 +15,18 @@ self-training and smoothing are the product's. The test costs one SVM fit on the
 rows. It is applied by wrapping the rule's ``rule_folds`` and
 ``default_and_alternatives`` in this process, so everything else is the product's code.
 
+A second variant, **SF-N** (column ``sfn``): where the same test holds, no selection at
+all: the pick is N (MMDTL2 with the identity prior at weight 1 and ``c_f = 100``, which
+holds ``W`` near ``I``: nearly the source SVM on source and labelled targets; the rule's
+candidate at one label a class), fitted once on the labelled targets, without
+self-training or smoothing.
+
 Office-Caltech10 (SURF, GoogLeNet-1024, DeCAF6; ``bench_rule_dev.split_problem``, whose
 seeds and draws it reuses) and the raw-pixel shifts of ``bench_rule_pixels`` (COIL20,
 MNIST ↔ USPS, ``l2_zscore``, through the estimator). For every split: the rule's
-accuracy, the variant's, the source and target SVMs', and whether the source SVM was
-right on every labelled target. The variant is fitted only where it can differ.
+accuracy, SF's (``variant``), SF-N's (``sfn``), the source and target SVMs', and whether
+the source SVM was right on every labelled target. The variants are fitted only where
+they can differ.
 """
 
 from __future__ import annotations
@@ -79,8 +86,10 @@ def can_differ(yt: np.ndarray, clean: bool) -> bool:
 def office_split(job) -> dict:
     from bench_rule_dev import split_problem
 
+    from mmdtl2_dist.core.auto import rule_params, rule_pull
     from mmdtl2_dist.core.auto_fit import fit_predict_auto
     from mmdtl2_dist.core.methods import fit_predict
+    from mmdtl2_dist.core.priors import pool_problem
 
     data, vary, seed = job[-3:]
     key = (*job[:5], *([vary] if vary else []))
@@ -90,11 +99,14 @@ def office_split(job) -> dict:
         res, choice = fit_predict_auto(pool, base.ys, base.yt)
     out = {"data": job[0], "shift": f"{job[1]}-{job[2]}", "labels": job[4], "split": job[3]}
     out["rule"] = out["variant"] = acc(res.y_pred, yq)
-    out["clean"], out["variant_pick"] = seen["clean"], choice.pick
+    out["clean"], out["variant_pick"], out["sfn"] = seen["clean"], choice.pick, out["rule"]
     if can_differ(base.yt, out["clean"]):
         with source_first(seen):
             res_v, choice_v = fit_predict_auto(pool, base.ys, base.yt)
         out.update(variant=acc(res_v.y_pred, yq), variant_pick=choice_v.pick)
+        near_source = rule_params("N", rule_pull({}, base.ys))
+        n_fit = fit_predict("mmdtl2", near_source, pool_problem(pool, base.ys, base.yt, None))
+        out["sfn"] = acc(n_fit.y_pred, yq)
     for m in ("source_svm", "target_svm"):
         out[m] = acc(fit_predict(m, {}, base).y_pred, yq)
     return {**out, "pick": choice.pick, "pick_hinge": pick_hinge(choice.record())}
@@ -104,6 +116,7 @@ def pixels_split(job) -> dict:
     from bench_rule_pixels import pixel_split
     from threadpoolctl import threadpool_limits
 
+    from mmdtl2_dist.core.auto import CANDIDATES, rule_pull
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
     _, shift, split, n, data, _, seed = job
@@ -119,14 +132,22 @@ def pixels_split(job) -> dict:
         with source_first(seen, swap=False):
             rule, out["rule"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
         out["variant"], out["variant_pick"] = out["rule"], rule.auto_["pick"]
-        out["clean"] = seen["clean"]
+        out["clean"], out["sfn"] = seen["clean"], out["rule"]
         if can_differ(yt[lab], out["clean"]):
             with source_first(seen):
                 variant, out["variant"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
             out["variant_pick"] = variant.auto_["pick"]
+            near_source = {**CANDIDATES["N"].params, "c_d": rule_pull({}, ys)["c_d"]}
+            out["sfn"] = fitted(MMDTL2(preprocessing="l2_zscore", **near_source))[1]
         out["source_svm"] = fitted(SourceSVM(preprocessing="l2_zscore"))[1]
         out["target_svm"] = fitted(TargetSVM(preprocessing="l2_zscore"))[1]
     return {**out, "pick": rule.auto_["pick"], "pick_hinge": pick_hinge(rule.auto_)}
+
+
+def summary(runs: list[dict]) -> str:
+    """SF's table, then SF-N's (its ``sfn`` column as the variant)."""
+    sfn = [{**r, "variant": r["sfn"]} for r in runs]
+    return variant_summary(runs, "SF") + "\n\n" + variant_summary(sfn, "SF-N")
 
 
 def one(job) -> dict:
@@ -135,7 +156,7 @@ def one(job) -> dict:
 
 def main() -> None:
     args = study_arguments(__doc__.split("\n")[0], [3, 10], 2049, "benchmarks/results/sf.json")
-    run_study(args, one, lambda runs: variant_summary(runs, "SF"), "bench_source_first.py")
+    run_study(args, one, summary, "bench_source_first.py")
 
 
 if __name__ == "__main__":
