@@ -41,6 +41,7 @@ from mmdtl2_dist.core.auto_folds import (
     fold_fits,
     guarded_pick,
     paired_gain,
+    source_alone_right,
 )
 from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
@@ -54,7 +55,7 @@ from mmdtl2_dist.core.self_training import (
     unlabelled_rows,
 )
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain
-from mmdtl2_dist.estimators import MMDTL2
+from mmdtl2_dist.estimators import MMDTL2, SourceSVM
 
 DEV_SEED = 2027
 # (source, target, split, labelled per class): recorded pick, accuracy, mean held-out
@@ -137,10 +138,12 @@ def test_auto_reproduces_recorded_dev_picks(split):
     rec = res.info["auto"]
     assert rec["neighbours"] == [NEIGHBOURS, NEIGHBOUR_WEIGHT]
     assert rec["rule"] == AUTO_RULE and rec["pool_size"] == pool.Kyy.shape[0]
-    # 12 fold fits, 3 self-trained fold fits (the check kept self-training here), the final;
-    # at one label a class 6 leave-classes-out fold fits and the final, no self-training
+    # the source test (the source alone is wrong on some labelled target), 12 fold fits, 3
+    # self-trained fold fits (the check kept self-training here), the final; at one label
+    # a class 6 leave-classes-out fold fits and the final: no source test, no self-training
     one_label = split[3] == 1
-    assert res.info["n_fits"] == (7 if one_label else 16)
+    assert res.info["n_fits"] == (7 if one_label else 17)
+    assert rec["source_alone_right"] is (None if one_label else False)
     assert rec["folds"] == ("class_groups" if one_label else "per_class")
     assert (rec["self_training_check"] is None) == one_label
     # self-training where folds validated the pick: 6 unlabelled targets per class asked,
@@ -165,7 +168,7 @@ def test_auto_reproduces_a_recorded_target_svm_pick():
     assert len(choice.pseudo_rows) == 0 and choice.pseudo_per_labelled == 0
     scores = unsmoothed(choice, len(yq))[0]  # a hard shift: the rule then smooths
     np.testing.assert_allclose(scores, plain.scores, rtol=1e-10, atol=1e-10)
-    assert res.info["n_fits"] == 16 and res.info["auto"]["method"] == "target_svm"
+    assert res.info["n_fits"] == 17 and res.info["auto"]["method"] == "target_svm"
 
 
 def test_self_training_labels_the_most_confident_unlabelled_targets_of_the_fold_fits():
@@ -257,7 +260,7 @@ def test_self_training_is_dropped_when_it_hurts_the_fold_fits(monkeypatch):
         )
         res, choice = fit_predict_auto(pool, ys, yt)
         g, s = choice.self_training_check
-        assert s > 0 and g == pytest.approx(-k * s) and res.info["n_fits"] == 16
+        assert s > 0 and g == pytest.approx(-k * s) and res.info["n_fits"] == 17
         assert (len(choice.pseudo_rows) > 0) == kept
         assert choice.pseudo_per_labelled == (asked.pseudo_per_labelled if kept else 0)
         assert res.info["auto"]["pseudo_labelled"] == len(choice.pseudo_rows)
@@ -447,7 +450,7 @@ def test_a_split_with_many_labels_leaves_the_target_svm_only_for_a_clear_gain():
 
 def test_a_source_class_without_labelled_targets_leaves_the_target_svm_out():
     """The target SVM cannot predict a class it has no labelled sample of: with a source
-    class the labelled targets lack, the guard is D against S alone (7 fits)."""
+    class the labelled targets lack, the guard is D against S and D0 (11 fits)."""
     rng = np.random.default_rng(2)
     mu = 0.6 * rng.standard_normal((4, 20))
     ys, yt = np.arange(40) % 4, np.repeat(np.arange(3), 20)  # class 3: source only
@@ -455,7 +458,7 @@ def test_a_source_class_without_labelled_targets_leaves_the_target_svm_out():
     Xu = mu[rng.integers(0, 4, 40)] + rng.standard_normal((40, 20))
     res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
     assert [r["candidate"] for r in choice.table] == ["D", "S", "D0"]
-    assert res.info["n_fits"] == 10
+    assert res.info["n_fits"] == 11
     assert res.scores.shape == (40, 4)
     with pytest.warns(UserWarning, match=r"source class\(es\) \[3\] have no labelled target"):
         est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
@@ -482,7 +485,7 @@ def test_a_class_with_more_than_10_labels_gets_no_pseudo_labels():
                       np.delete(pool.target_test, extra))  # fmt: skip
     res, choice = fit_predict_auto(more, ys, np.r_[yt, yq[extra]])
     assert choice.pseudo_per_labelled == 0 and len(choice.pseudo_rows) == 0
-    assert res.info["auto"]["pseudo_labelled"] == 0 and res.info["n_fits"] == 13
+    assert res.info["auto"]["pseudo_labelled"] == 0 and res.info["n_fits"] == 14
     assert choice.self_training_check is None
     assert choice.n_unlabelled == len(yq) - 1  # they shaped the prior and were scored
 
@@ -506,7 +509,9 @@ def test_an_easy_split_self_trains_with_as_many_pseudo_labels_as_labels():
     """Well-separated devices: the held-out targets lie beyond the margin, so k = n."""
     Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=3, per_class=3, U=60)
     Xs, Xt, Xu = 3 * Xs, 3 * Xt, 3 * Xu  # classes 3x further apart than their noise
+    yt = (yt + 1) % 3  # the devices name the classes differently: the source alone is wrong
     res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert choice.source_right is False
     pick_hinge = next(r["cv_hinge"] for r in choice.table if r["candidate"] == choice.pick)
     assert pick_hinge < 0.25 and res.info["auto"]["pseudo_labelled"] == len(yt)
     pool, ys, yt, _ = dev_split("amazon", "dslr", 2, 3)  # SURF: held-out hinge 0.89
@@ -757,6 +762,7 @@ def test_an_easy_shift_keeps_the_final_fits_scores():
     ys, yt = np.arange(30) % 3, np.repeat(np.arange(3), 3)
     Xs, Xt = mu[ys] + rng.standard_normal((30, 20)), mu[yt] + rng.standard_normal((9, 20))
     Xu = mu[rng.integers(0, 3, 40)] + rng.standard_normal((40, 20))
+    yt = (yt + 1) % 3  # the source alone is wrong on every labelled target: folds are fitted
     res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
     hinge = {r["candidate"]: r["cv_hinge"] for r in choice.table}
     assert hinge[choice.pick] < HARD_HINGE and choice.n_unlabelled == 40
@@ -806,3 +812,68 @@ def test_keeping_large_unlabelled_samples_warns(monkeypatch):
     Xu = mu[rng.integers(0, 3, 40)] + rng.standard_normal((40, 20))
     with pytest.warns(UserWarning, match=r"keep them: 0 MB\. Pass a random subsample"):
         MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+
+
+def same_devices(seed=3):
+    """Two devices with the same well-separated classes: the source alone is right."""
+    rng = np.random.default_rng(seed)
+    mu = 4.0 * rng.standard_normal((3, 20))
+    ys, yt = np.arange(30) % 3, np.repeat(np.arange(3), 3)
+    Xs, Xt = mu[ys] + rng.standard_normal((30, 20)), mu[yt] + rng.standard_normal((9, 20))
+    return Xs, ys, Xt, yt, mu[rng.integers(0, 3, 40)] + rng.standard_normal((40, 20))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_source_test_is_the_feature_space_source_svm_on_the_labelled_targets(seed):
+    """The Gram-form test agrees with the source-only SVM fitted on features (its own
+    solver path) predicting the labelled targets; the seeds give both verdicts (5 and 7
+    right on all 9)."""
+    Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=seed, per_class=3)
+    on_features = np.array_equal(SourceSVM().fit(Xs, ys).predict(Xt), yt)
+    assert source_alone_right(gram_pool(Xs, Xt, Xu), ys, yt) == on_features
+    assert on_features == (seed in (5, 7))
+
+
+def test_where_the_source_alone_is_right_the_rule_fits_n_once_without_folds():
+    """N (``W`` held near ``I``) fitted once on the labelled targets: no folds,
+    self-training or smoothing, 2 fits; the scores are N's fitted by hand. One labelled
+    target the source gets wrong and the folds decide again."""
+    Xs, ys, Xt, yt, Xu = same_devices()
+    pool = gram_pool(Xs, Xt, Xu)
+    res, choice = fit_predict_auto(pool, ys, yt)
+    assert choice.pick == "N" and choice.source_right is True and choice.n_folds == 0
+    assert [r["candidate"] for r in choice.table] == ["N"] and choice.fold_kind is None
+    assert choice.pseudo_per_labelled == 0 and len(choice.neighbours) == 0
+    assert res.info["n_fits"] == 2 and res.info["auto"]["source_alone_right"] is True
+    near_source = rule_params("N", rule_pull(None, ys))
+    by_hand = fit_predict("mmdtl2", near_source, pool_problem(pool, ys, yt, None))
+    np.testing.assert_array_equal(res.scores, by_hand.scores)
+    wrong = np.r_[1, yt[1:]]  # a class-0 target labelled 1: the source alone says 0
+    res, choice = fit_predict_auto(pool, ys, wrong)
+    assert choice.source_right is False and choice.n_folds == 2 and choice.pick != "N"
+    assert res.info["n_fits"] == 1 + 4 * 2 + 2 * (choice.self_training_check is not None) + 1
+
+
+def test_the_source_test_runs_only_where_d_is_the_default():
+    """One label in some class (F's guard) or more than 10 in every class (the target
+    SVM's): no source test, ``source_alone_right`` None."""
+    Xs, ys, Xt, yt, Xu = same_devices()
+    pool = gram_pool(Xs, Xt, Xu)
+    one = np.r_[0, 3, 6]  # one labelled target a class
+    small = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train, one, pool.target_test)
+    assert select_auto(small, ys, yt[one]).source_right is None
+    rng = np.random.default_rng(0)
+    mu = 4.0 * rng.standard_normal((2, 10))
+    ys, yt = np.arange(20) % 2, np.repeat(np.arange(2), 11)
+    Xs, Xt = mu[ys] + rng.standard_normal((20, 10)), mu[yt] + rng.standard_normal((22, 10))
+    choice = select_auto(gram_pool(Xs, Xt, Xs[:5]), ys, yt)
+    assert choice.source_right is None and choice.table[0]["candidate"] == "O"
+
+
+def test_the_estimator_puts_the_source_first_as_the_gram_form():
+    """Feature form: the same pick, record and scores as the Gram form."""
+    Xs, ys, Xt, yt, Xu = same_devices()
+    est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
+    res, _ = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
+    assert est.auto_["pick"] == "N" and est.auto_["source_alone_right"] is True
+    np.testing.assert_allclose(est.decision_function(Xu), res.scores, rtol=1e-7, atol=1e-8)

@@ -29,8 +29,9 @@ targets towards their class's source samples:
   caller's ``c_d`` is 0: it would be D;
 - **F** (the default at one labelled target in some class): MMDTL2 with the shared-PCA
   prior, ``d = min(2C, p − 1)``, weight 1;
-- **N** (nearly the source SVM, F's alternative): MMDTL2 with the identity prior at weight
-  1 and ``c_f = 100``, which holds ``W`` near ``I``;
+- **N** (nearly the source SVM, F's alternative and the pick where the source alone is
+  right, below): MMDTL2 with the identity prior at weight 1 and ``c_f = 100``, which
+  holds ``W`` near ``I``;
 
 the MMDTL2 candidates with ``c_f = 1`` and the caller's other MMDTL2 parameters (the
 core's defaults unless given), the L2 pull's ``c_d`` (except D0's) held to its design
@@ -69,6 +70,16 @@ held-out sample's loss differs, ``g_a = se_a`` exactly, which is not a gain, and
 must not make it one (near the ceiling, most held-out losses are 0 for every candidate,
 and this case is common).
 
+**The source first.** Where D would be the default (2 to :data:`MANY_LABELS` labelled
+targets in every class), the source SVM is first fitted on the labelled source alone and
+scores the labelled targets (:func:`~mmdtl2_dist.core.auto_folds.source_alone_right`).
+If it is right on every one, the pick is :data:`SOURCE_RIGHT_PICK`, N (``W`` held near
+``I``: nearly the source SVM on source and labelled targets), fitted once on the labelled
+targets, without folds, self-training or smoothing: 2 fits. On the near-identical
+devices of the dev data (Office webcam ↔ dslr, deep features) the folds could not tell
+trusting the source from adapting (held-out hinge losses mostly below 0.1 for both),
+which cost up to a point on the test; on SURF and the pixel shifts the test never held.
+
 **Self-training from the fold fits.** The **unlabelled targets** are the pool's target
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
 them (in the same fit as its held-out samples); the pick's raw multiclass decision scores
@@ -90,28 +101,23 @@ pick's fold fits is self-trained the same way (its own confident pseudo-labels, 
 per labelled target of the fold) and fitted again, and scores its held-out targets
 (:func:`~mmdtl2_dist.core.self_training.self_trained_fold_hinge`). Self-training is
 dropped when it raised the held-out hinge loss by more than :data:`SELF_TRAINING_Z`
-standard errors (the guard's test, with self-training as the default, ties kept). On raw-pixel dev
-data (MNIST → USPS, 3 labels a class) the MMDTL2 picks lost 7.0 points to self-training
-although 90 % of their pseudo-labels were right; the folds see it. Fits: at most
-``4·min(n, 3) + min(n, 3) + 1`` = 16.
+standard errors (the guard's test, with self-training as the default, ties kept). On
+raw-pixel dev data (MNIST → USPS, 3 labels a class) the MMDTL2 picks lost 7.0 points to
+self-training although 90 % of their pseudo-labels were right; the folds see it. Fits:
+at most ``1 + 4·min(n, 3) + min(n, 3) + 1`` = 17, the first the source test.
 
 **Neighbour smoothing on a hard shift.** When the pick's mean held-out hinge loss is at
 least :data:`HARD_HINGE` (on either kind of folds), no class has more than
 :data:`MANY_LABELS` labelled targets (the range it was confirmed on) and there are
-unlabelled targets, the
-final fit's scores of a target sample are averaged, at weight 0.5, with those of its 5
-nearest unlabelled targets (:mod:`mmdtl2_dist.core.neighbours`; applied on Grams by
-:mod:`mmdtl2_dist.core.auto_fit`, on features by the adapter). No fit is added. Near the
-ceiling (deep features) smoothing lost where the target domain is small, so it is kept
-to shifts the fold fits find hard (SURF, pixels), where it gained on every budget.
+unlabelled targets, the final fit's scores of a target sample are averaged, at weight
+0.5, with those of its 5 nearest unlabelled targets (:mod:`mmdtl2_dist.core.neighbours`;
+applied on Grams by :mod:`mmdtl2_dist.core.auto_fit`, on features by the adapter). No
+fit is added. Near the ceiling (deep features) smoothing lost where the target domain is
+small, so it is kept to shifts the fold fits find hard (SURF, pixels), where it gained.
 
-Designed on dev data and confirmed on new split sets (BENCHMARKS.md, "Self-training from
-the rule's fold fits (STF)", "Twice the pseudo-labels on hard shifts (STFH)", "The target
-SVM as the rule's alternative (O)", "Self-training validated on the folds (STV)", "The
-one-label guard (G1)" and "The L2 pull held to its design strength with a large source
-(PS)", "The pull validated by the guard" and, for PA's confirmation, "The W-step without
-the pull", and "Neighbour smoothing on hard shifts only (KNS-H)", which also give the
-earlier versions).
+Each step was designed on dev data and confirmed on new split sets; BENCHMARKS.md gives
+each design, confirmation and earlier version, from "Selection rule, frozen 2026-11-26 on
+dev data" to "The source first where it needs no correction (SF-N)".
 
 The rule is frozen: its candidates, dimensions, weights, folds and guard are constants
 here and in :mod:`mmdtl2_dist.core.auto_folds` (its folds and guard), not parameters.
@@ -130,6 +136,7 @@ from mmdtl2_dist.core.auto_folds import (
     guarded_pick,
     paired_gain,
     rule_folds,
+    source_alone_right,
 )
 from mmdtl2_dist.core.methods import GramProblem
 from mmdtl2_dist.core.neighbours import NEIGHBOUR_WEIGHT, NEIGHBOURS
@@ -142,7 +149,7 @@ from mmdtl2_dist.core.self_training import (
     unlabelled_rows,
 )
 
-AUTO_RULE = "auto-2026-11-29-knsh"
+AUTO_RULE = "auto-2026-11-29-sfn"
 HARD_HINGE = 0.25  # the pick's mean held-out hinge loss from which a shift is hard
 DOUBLE_UP_TO = 3  # labelled targets per class up to which a hard shift doubles ``k``
 # Labelled targets per class above which labels are "many": the target SVM is the default
@@ -166,11 +173,7 @@ RULE_KEYS = ("prior", "prior_weight", "c_f")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One configuration of the rule.
-
-    The core method it fits, its parameters and, for a shared-PCA prior, the subspace
-    dimension in units of the class count (``d = min(k C, p − 1)``).
-    """
+    """One configuration of the rule: core method, parameters, ``k`` of ``d = min(k C, p − 1)``."""
 
     name: str
     label: str
@@ -193,6 +196,8 @@ CANDIDATES = {
     ),
 }
 DEFAULT, ALTERNATIVES = "D", ("O", "S", "D0")
+#: The pick, without folds, where D is the default and the source alone is right.
+SOURCE_RIGHT_PICK = "N"
 #: The default and its alternatives at one labelled target in some class.
 ONE_LABEL_DEFAULT, ONE_LABEL_ALTERNATIVES = "F", ("N",)
 #: The default and its alternatives when every class has more than :data:`MANY_LABELS`.
@@ -224,7 +229,8 @@ class AutoChoice:
     (leave-classes-out, at one labelled target in some class) or ``None`` (no folds).
     ``c_d``: the L2 pull's weight of the pick: 0 for D0, else the weight the other
     MMDTL2 candidates were fitted with (:func:`rule_pull`), also when the pick is the
-    target SVM.
+    target SVM. ``source_right``: whether the source SVM alone was right on every
+    labelled target (``None`` where D is not the default and it was not tested).
     """
 
     pick: str
@@ -245,12 +251,14 @@ class AutoChoice:
     c_d: float = DEFAULTS["mmdtl2"]["c_d"]
     rule: str = AUTO_RULE
     neighbours: np.ndarray = field(default_factory=lambda: np.zeros(0, int), repr=False)
+    source_right: bool | None = None
 
     @property
     def n_fits(self) -> int:
-        """Fits of the selection and the final fit: candidates × folds, the check, 1."""
+        """Fits: the source test, candidates × folds, the self-training check, the final."""
         checked = self.n_folds if self.self_training_check is not None else 0
-        return len(self.table) * self.n_folds + checked + 1
+        tested = self.source_right is not None
+        return tested + len(self.table) * self.n_folds + checked + 1
 
     @property
     def method(self) -> str:
@@ -276,6 +284,7 @@ class AutoChoice:
             "pseudo_per_labelled": self.pseudo_per_labelled,
             "self_training_check": self.self_training_check,
             "neighbours": [NEIGHBOURS, NEIGHBOUR_WEIGHT] if len(self.neighbours) else None,
+            "source_alone_right": self.source_right,
             "table": self.table,
         }
 
@@ -344,18 +353,12 @@ def pca_dim(cand: str, n_classes: int, pool_size: int) -> int | None:
 
 
 def pseudo_labels_per_labelled(most_per_class: int, pick_hinge: float) -> int:
-    """Self-training's pseudo-labels per labelled target: 2 (hard shift), 1, or 0.
+    """Self-training's pseudo-labels per labelled target (module docstring).
 
-    0 (no self-training) when labels are many, 2 on a hard shift, 1 on an easy one.
-    ``most_per_class`` is the largest class's count of labelled targets. Many: above
-    :data:`MANY_LABELS`; on dev, self-training gained at 10 labelled targets per
-    class and lost at 20 and 40, where the pseudo-labels (about a quarter of them wrong on
-    SURF) outnumber the labelled errors they could correct. Hard: the pick's mean
-    held-out hinge loss ``pick_hinge`` is at least :data:`HARD_HINGE` and no class has
-    more than :data:`DOUBLE_UP_TO` labelled targets. On dev, twice the pseudo-labels
-    gained where the fold fits could not separate the held-out targets (SURF) and lost
-    where they could (near-ceiling deep features) or where labels were many (10 per
-    class).
+    0 when the largest class has more than :data:`MANY_LABELS` labelled targets (on dev
+    their errors then cost more than they add), 2 on a hard shift (``pick_hinge``, the
+    pick's mean held-out hinge loss, at least :data:`HARD_HINGE`) with at most
+    :data:`DOUBLE_UP_TO` labels in every class, else 1.
     """
     if most_per_class > MANY_LABELS:
         return 0
@@ -381,15 +384,10 @@ def default_and_alternatives(
 ) -> tuple[str, tuple[str, ...]]:
     """The guard's default and alternatives.
 
-    By the smallest class's labelled count, whether the labelled targets cover the
-    source's classes, and whether D0 is a candidate. F guarded by N at one labelled
-    target (leave-classes-out folds). D guarded by (O, S, D0); when every class has more
-    than :data:`MANY_LABELS` labelled targets, the target SVM guarded by (D, S, D0). On
-    dev, the target SVM as the default lost at 3 and 10 labels per class (1.1 and 0.6
-    points) and won at 20 and 40, where every MMDTL2 candidate fell below it on SURF.
-    Without ``target_covers`` (some source class has no labelled target) the target SVM
-    is no candidate: D guarded by S and D0. Without ``no_pull``
-    (:func:`no_pull_is_a_candidate`) D0 is none.
+    F guarded by N at one labelled target in some class; D guarded by (O, S, D0); O
+    guarded by (D, S, D0) when every class has more than :data:`MANY_LABELS`. Without
+    ``target_covers`` (some source class has no labelled target) the target SVM is no
+    candidate; without ``no_pull`` (:func:`no_pull_is_a_candidate`) D0 is none.
     """
     if fewest_per_class < 2:
         return ONE_LABEL_DEFAULT, ONE_LABEL_ALTERNATIVES
@@ -453,6 +451,9 @@ def select_auto(
     default, alternatives = default_and_alternatives(
         n_min, bool(np.isin(ys, yt).all()), no_pull=no_pull
     )
+    right = source_alone_right(pool, ys, yt) if default == DEFAULT else None
+    if right:
+        default, alternatives, folds = SOURCE_RIGHT_PICK, (), []
     names = [default, *alternatives] if folds else [default]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if per_class else unl[:0])
@@ -493,5 +494,5 @@ def select_auto(
                      maps[pick]),
         pseudo, labels, len(unl), times,
         st_check, ("per_class" if per_class else "class_groups") if folds else None,
-        CANDIDATES[pick].params.get("c_d", params["c_d"]), AUTO_RULE, near,
+        CANDIDATES[pick].params.get("c_d", params["c_d"]), AUTO_RULE, near, right,
     )  # fmt: skip

@@ -4,7 +4,7 @@
 labelled targets (per class, or leave-classes-out when some class has a single label),
 the fold fits of one candidate (each held-out sample's multiclass hinge loss, and the
 fits' scores on the unlabelled targets for self-training), the paired gain its guard
-compares with its standard error, and the guard.
+compares with its standard error, the guard, and the test that puts the source first.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
-from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.priors import SamplePool, pool_problem
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 
 MAX_FOLDS = 3  # per-class folds: at most this many, one held-out target a class each
@@ -120,3 +120,15 @@ def guarded_pick(hinge: Mapping[str, np.ndarray], default: str, alternatives) ->
         if exceeds(gain, se) and exceeds(gain, best_gain):
             best, best_gain = alt, gain
     return best, gains
+
+
+def source_alone_right(pool: SamplePool, ys: np.ndarray, yt: np.ndarray) -> bool:
+    """Whether the source SVM on the labelled source alone predicts every labelled target.
+
+    The core's ``source_svm`` with its default parameters, fitted without any target
+    sample: none of the labelled targets it scores was fitted on, so this is the
+    unadapted classifier tested on every label the caller has.
+    """
+    yt, labelled = np.asarray(yt), np.arange(len(yt))
+    problem = sub_problem(pool_problem(pool, ys, yt, None, test_gram=False), labelled[:0], labelled)
+    return bool(np.array_equal(fit_predict("source_svm", {}, problem).y_pred, yt))

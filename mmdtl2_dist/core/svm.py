@@ -144,7 +144,7 @@ def svm_step_reused(
     For MMDTL2's first SVM, which depends only on the source samples, their labels,
     ``c_s`` and the solver: the candidates of ``select="auto"`` or of a grid, on every
     fold, and the other methods of a study's split start from the same one (up to 13 of
-    the rule's 16 fits). The solvers are deterministic, so a reused result is the one a new
+    the rule's 17 fits). The solvers are deterministic, so a reused result is the one a new
     solve would give, to the bit. Calls are told apart by a hash of every input
     (blake2b: 25 ms for a 2,600-sample Gram, against seconds for the solve); the last
     :data:`REUSED_SVMS` results are kept, and each caller gets its own copy.
