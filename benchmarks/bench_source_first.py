@@ -27,6 +27,10 @@ MNIST ↔ USPS, ``l2_zscore``, through the estimator). For every split: the rule
 accuracy, SF's (``variant``), SF-N's (``sfn``), the source and target SVMs', and whether
 the source SVM was right on every labelled target. The variants are fitted only where
 they can differ.
+
+SF-N was confirmed and is the product's rule since version ``auto-2026-11-29-sfn``: this
+study compares it with the version before (``auto-2026-11-29-knsh``, the product of
+``0d13675``); on a later product the "rule" column is SF-N's own.
 """
 
 from __future__ import annotations
