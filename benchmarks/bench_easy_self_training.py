@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from bench_neighbour_smoothing import (
     acc,
     pick_hinge,
+    pixel_fits,
     run_study,
     study_arguments,
     variant_summary,
@@ -80,19 +81,11 @@ def office_split(job) -> dict:
 
 
 def pixels_split(job) -> dict:
-    from bench_rule_pixels import pixel_split
     from threadpoolctl import threadpool_limits
 
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
-    _, shift, split, n, data, _, seed = job
-    Xs, ys, Xt, yt, lab, rest = pixel_split(data, shift, n, split, seed)
-    out = {"data": "pixels", "shift": shift, "labels": n, "split": split}
-
-    def fitted(est):
-        est.fit_domains(Xs, ys, Xt[lab], yt[lab], Xt_unlabelled=Xt[rest])
-        return est, 100 * float(est.score(Xt[rest], yt[rest]))
-
+    fitted, out = pixel_fits(job)[:2]
     with threadpool_limits(1):
         rule, out["rule"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
         out["variant"] = out["rule"]

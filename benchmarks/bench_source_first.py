@@ -38,19 +38,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numpy as np
-from bench_neighbour_smoothing import acc, pick_hinge, run_study, study_arguments, variant_summary
-
-
-def source_needs_no_correction(pool, ys, yt) -> bool:
-    """Whether the source SVM fitted on the labelled source alone (no target sample)
-    predicts every labelled target right."""
-    from mmdtl2_dist.core.methods import fit_predict
-    from mmdtl2_dist.core.priors import pool_problem
-    from mmdtl2_dist.core.selection import sub_problem
-
-    labelled = np.arange(len(yt))
-    problem = sub_problem(pool_problem(pool, ys, yt, None, test_gram=False), labelled[:0], labelled)
-    return bool(np.array_equal(fit_predict("source_svm", {}, problem).y_pred, np.asarray(yt)))
+from bench_neighbour_smoothing import (
+    acc,
+    pick_hinge,
+    pixel_fits,
+    run_study,
+    study_arguments,
+    variant_summary,
+)
 
 
 @contextmanager
@@ -59,11 +54,12 @@ def source_first(seen: dict, swap: bool = True):
     records the test's outcome on the last split); with ``swap=False`` the rule as it is,
     the test only recorded."""
     from mmdtl2_dist.core import auto
+    from mmdtl2_dist.core.auto_folds import source_alone_right
 
     folds_of, default_of = auto.rule_folds, auto.default_and_alternatives
 
     def rule_folds(pool, ys, yt):
-        seen["clean"] = source_needs_no_correction(pool, ys, yt)
+        seen["clean"] = source_alone_right(pool, ys, yt)
         return folds_of(pool, ys, yt)
 
     def default_and_alternatives(fewest, covers=True, *, no_pull):
@@ -80,11 +76,13 @@ def source_first(seen: dict, swap: bool = True):
 
 
 def can_differ(yt: np.ndarray, clean: bool) -> bool:
-    """D is the default (2 to MANY_LABELS labelled targets in every class) and the test holds."""
-    from mmdtl2_dist.core.auto import MANY_LABELS
+    """The test holds where the rule tests the source (the labelled targets cover every
+    class here, so the default follows from the smallest class's count)."""
+    from mmdtl2_dist.core.auto import default_and_alternatives, source_is_tested
 
-    counts = np.unique(yt, return_counts=True)[1]
-    return clean and 2 <= counts.min() and counts.min() <= MANY_LABELS
+    fewest = int(np.unique(yt, return_counts=True)[1].min())
+    default = default_and_alternatives(fewest, no_pull=True)[0]
+    return clean and source_is_tested(default, fewest)
 
 
 def office_split(job) -> dict:
@@ -117,31 +115,23 @@ def office_split(job) -> dict:
 
 
 def pixels_split(job) -> dict:
-    from bench_rule_pixels import pixel_split
     from threadpoolctl import threadpool_limits
 
-    from mmdtl2_dist.core.auto import CANDIDATES, rule_pull
+    from mmdtl2_dist.core.auto import rule_params, rule_pull
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
-    _, shift, split, n, data, _, seed = job
-    Xs, ys, Xt, yt, lab, rest = pixel_split(data, shift, n, split, seed)
-    out = {"data": "pixels", "shift": shift, "labels": n, "split": split}
-
-    def fitted(est):
-        est.fit_domains(Xs, ys, Xt[lab], yt[lab], Xt_unlabelled=Xt[rest])
-        return est, 100 * float(est.score(Xt[rest], yt[rest]))
-
+    fitted, out, ys, y_lab = pixel_fits(job)
     with threadpool_limits(1):
         seen = {}
         with source_first(seen, swap=False):
             rule, out["rule"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
         out["variant"], out["variant_pick"] = out["rule"], rule.auto_["pick"]
         out["clean"], out["sfn"] = seen["clean"], out["rule"]
-        if can_differ(yt[lab], out["clean"]):
+        if can_differ(y_lab, out["clean"]):
             with source_first(seen):
                 variant, out["variant"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
             out["variant_pick"] = variant.auto_["pick"]
-            near_source = {**CANDIDATES["N"].params, "c_d": rule_pull({}, ys)["c_d"]}
+            near_source = rule_params("N", rule_pull({}, ys))
             out["sfn"] = fitted(MMDTL2(preprocessing="l2_zscore", **near_source))[1]
         out["source_svm"] = fitted(SourceSVM(preprocessing="l2_zscore"))[1]
         out["target_svm"] = fitted(TargetSVM(preprocessing="l2_zscore"))[1]

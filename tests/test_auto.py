@@ -450,7 +450,8 @@ def test_a_split_with_many_labels_leaves_the_target_svm_only_for_a_clear_gain():
 
 def test_a_source_class_without_labelled_targets_leaves_the_target_svm_out():
     """The target SVM cannot predict a class it has no labelled sample of: with a source
-    class the labelled targets lack, the guard is D against S and D0 (11 fits)."""
+    class the labelled targets lack, the guard is D against S and D0 (10 fits; with more
+    than 10 labels a class the source is not tested)."""
     rng = np.random.default_rng(2)
     mu = 0.6 * rng.standard_normal((4, 20))
     ys, yt = np.arange(40) % 4, np.repeat(np.arange(3), 20)  # class 3: source only
@@ -458,7 +459,7 @@ def test_a_source_class_without_labelled_targets_leaves_the_target_svm_out():
     Xu = mu[rng.integers(0, 4, 40)] + rng.standard_normal((40, 20))
     res, choice = fit_predict_auto(gram_pool(Xs, Xt, Xu), ys, yt)
     assert [r["candidate"] for r in choice.table] == ["D", "S", "D0"]
-    assert res.info["n_fits"] == 11
+    assert res.info["n_fits"] == 10 and choice.source_right is None
     assert res.scores.shape == (40, 4)
     with pytest.warns(UserWarning, match=r"source class\(es\) \[3\] have no labelled target"):
         est = MMDTL2(select="auto").fit_domains(Xs, ys, Xt, yt, Xt_unlabelled=Xu)
@@ -506,7 +507,8 @@ def test_a_class_with_more_than_3_labels_keeps_the_pseudo_labels_at_the_labelled
 
 
 def test_an_easy_split_self_trains_with_as_many_pseudo_labels_as_labels():
-    """Well-separated devices: the held-out targets lie beyond the margin, so k = n."""
+    """Well-separated classes whose devices name them differently (so the source alone
+    is wrong and the folds run): the held-out targets lie beyond the margin, so k = n."""
     Xs, ys, Xt, yt, Xu, _, _ = auto_devices(seed=3, per_class=3, U=60)
     Xs, Xt, Xu = 3 * Xs, 3 * Xt, 3 * Xu  # classes 3x further apart than their noise
     yt = (yt + 1) % 3  # the devices name the classes differently: the source alone is wrong
@@ -755,7 +757,8 @@ def test_a_hard_shift_smooths_the_final_scores_over_the_unlabelled_targets():
 
 
 def test_an_easy_shift_keeps_the_final_fits_scores():
-    """Well separated classes: the pick's held-out hinge is below ``HARD_HINGE``, so the
+    """Well separated classes, named differently by the two devices (the source alone is
+    wrong, so the folds run): the pick's held-out hinge is below ``HARD_HINGE``, so the
     final scores are the final fit's, and the choice records no neighbours."""
     rng = np.random.default_rng(3)
     mu = 4.0 * rng.standard_normal((3, 20))
@@ -848,6 +851,8 @@ def test_where_the_source_alone_is_right_the_rule_fits_n_once_without_folds():
     near_source = rule_params("N", rule_pull(None, ys))
     by_hand = fit_predict("mmdtl2", near_source, pool_problem(pool, ys, yt, None))
     np.testing.assert_array_equal(res.scores, by_hand.scores)
+    inductive = np.r_[np.ones(len(ys) + len(yt), bool), np.zeros(len(Xu), bool)]
+    assert select_auto(pool, ys, yt, learn=inductive).pick == "N"  # the study's learn mask
     wrong = np.r_[1, yt[1:]]  # a class-0 target labelled 1: the source alone says 0
     res, choice = fit_predict_auto(pool, ys, wrong)
     assert choice.source_right is False and choice.n_folds == 2 and choice.pick != "N"

@@ -289,6 +289,7 @@ def test_register_default_is_the_auto_rule_with_the_unlabelled_targets(tmp_path)
     assert tags.get("auto_neighbours") == (
         str(est.auto_["neighbours"]) if est.auto_["neighbours"] else None
     )  # 13 labels a class: no smoothing either
+    assert "auto_source_alone_right" not in tags  # nor the source test (the target SVM's default)
     X = target_samples(study)
     with use_tracking_uri(uri):
         pred = mlflow.pyfunc.load_model("models:/auto@champion").predict(X)

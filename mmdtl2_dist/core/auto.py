@@ -70,15 +70,16 @@ held-out sample's loss differs, ``g_a = se_a`` exactly, which is not a gain, and
 must not make it one (near the ceiling, most held-out losses are 0 for every candidate,
 and this case is common).
 
-**The source first.** Where D would be the default (2 to :data:`MANY_LABELS` labelled
-targets in every class), the source SVM is first fitted on the labelled source alone and
-scores the labelled targets (:func:`~mmdtl2_dist.core.auto_folds.source_alone_right`).
-If it is right on every one, the pick is :data:`SOURCE_RIGHT_PICK`, N (``W`` held near
-``I``: nearly the source SVM on source and labelled targets), fitted once on the labelled
-targets, without folds, self-training or smoothing: 2 fits. On the near-identical
-devices of the dev data (Office webcam ↔ dslr, deep features) the folds could not tell
-trusting the source from adapting (held-out hinge losses mostly below 0.1 for both),
-which cost up to a point on the test; on SURF and the pixel shifts the test never held.
+**The source first.** Where D is the default with at most :data:`MANY_LABELS` labelled
+targets in the smallest class (:func:`source_is_tested`), the source SVM is first fitted
+on the labelled source alone and scores the labelled targets
+(:func:`~mmdtl2_dist.core.auto_folds.source_alone_right`). If it is right on every one,
+the pick is :data:`SOURCE_RIGHT_PICK`, N (``W`` held near ``I``: nearly the source SVM on
+source and labelled targets), fitted once on the labelled targets, without folds,
+self-training or smoothing: 2 fits. On the near-identical devices of the dev data (Office
+webcam ↔ dslr, deep features) the folds could not tell trusting the source from adapting
+(held-out hinge losses mostly below 0.1 for both), which cost up to a point on the test;
+on SURF and the pixel shifts the test never held.
 
 **Self-training from the fold fits.** The **unlabelled targets** are the pool's target
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
@@ -210,27 +211,23 @@ TARGET_SVM_KEYS = ("qp_solver", "qp_tol")
 class AutoChoice:
     """What :func:`select_auto` chose, and why.
 
-    ``pick`` names a :data:`CANDIDATES` entry; ``params`` are the full parameters of its
-    core method (:attr:`method`) to fit it with; ``pca_dim`` and ``prior_map`` (the
-    shared-PCA map over the pool, as :class:`~mmdtl2_dist.core.priors.PoolMap`) are set
-    for a shared-PCA pick. ``table`` has one row per fitted candidate (mean held-out hinge
-    loss, gain over the default and its standard error). ``problem`` is the split's
-    :class:`GramProblem` for the final fit: the pick's prior blocks, and as labelled
-    targets the labelled ones followed by the ``pseudo_rows`` (target pool rows) with
-    their ``pseudo_labels``; it scores the pool's ``target_test`` rows, then the
-    ``neighbours`` rows not among them. ``n_unlabelled`` is the number of unlabelled
-    target rows the rule could learn from (self-training chooses among them when
-    per-class folds exist); ``neighbours`` are those rows on a hard shift (the final
-    scores are smoothed over them), else none. ``pseudo_per_labelled`` how many it took per labelled
-    target (:func:`pseudo_labels_per_labelled`; 0 without self-training, also when the
-    check dropped it). ``self_training_check`` is the check's ``(gain, se)``: the mean
-    held-out hinge loss the self-trained fold fits saved, and its standard error (``None``
-    when no self-training was asked). ``fold_kind``: ``"per_class"``, ``"class_groups"``
-    (leave-classes-out, at one labelled target in some class) or ``None`` (no folds).
-    ``c_d``: the L2 pull's weight of the pick: 0 for D0, else the weight the other
-    MMDTL2 candidates were fitted with (:func:`rule_pull`), also when the pick is the
-    target SVM. ``source_right``: whether the source SVM alone was right on every
-    labelled target (``None`` where D is not the default and it was not tested).
+    ``pick`` names a :data:`CANDIDATES` entry, ``params`` the full parameters of its core
+    method (:attr:`method`); ``pca_dim`` and ``prior_map`` (the shared-PCA map over the
+    pool, :class:`~mmdtl2_dist.core.priors.PoolMap`) are set for a shared-PCA pick.
+    ``table``: one row per fitted candidate (mean held-out hinge loss, gain over the
+    default, its standard error). ``problem``: the final fit's :class:`GramProblem`, with
+    the pick's prior blocks, the labelled targets followed by the ``pseudo_rows`` (target
+    pool rows, labels ``pseudo_labels``), scoring the pool's ``target_test`` rows, then the
+    ``neighbours`` rows not among them. ``n_unlabelled``: the unlabelled target rows the
+    rule could learn from; ``neighbours``: those rows on a hard shift (the final scores are
+    smoothed over them), else none. ``pseudo_per_labelled``: pseudo-labels taken per
+    labelled target (:func:`pseudo_labels_per_labelled`; 0 also when the check dropped
+    them). ``self_training_check``: the check's ``(gain, se)`` of the self-trained fold
+    fits' held-out hinge loss (``None`` when not asked). ``fold_kind``: ``"per_class"``,
+    ``"class_groups"`` (leave-classes-out) or ``None`` (no folds). ``c_d``: the pick's L2
+    pull weight (0 for D0, else the MMDTL2 candidates' :func:`rule_pull` weight, also for
+    the target SVM). ``source_right``: whether the source SVM alone was right on every
+    labelled target (``None``: not tested, :func:`source_is_tested`).
     """
 
     pick: str
@@ -400,6 +397,11 @@ def default_and_alternatives(
     return default, tuple(a for a in alternatives if a not in drop)
 
 
+def source_is_tested(default: str, fewest_per_class: int) -> bool:
+    """Whether the source is tested: D is the default, the smallest class ≤ MANY_LABELS."""
+    return default == DEFAULT and fewest_per_class <= MANY_LABELS
+
+
 def choice_table(names, dims, hinge, gains) -> list[dict]:
     """One row per fitted candidate: its mean held-out hinge loss and gain over the default."""
     return [
@@ -451,7 +453,7 @@ def select_auto(
     default, alternatives = default_and_alternatives(
         n_min, bool(np.isin(ys, yt).all()), no_pull=no_pull
     )
-    right = source_alone_right(pool, ys, yt) if default == DEFAULT else None
+    right = source_alone_right(pool, ys, yt) if source_is_tested(default, n_min) else None
     if right:
         default, alternatives, folds = SOURCE_RIGHT_PICK, (), []
     names = [default, *alternatives] if folds else [default]

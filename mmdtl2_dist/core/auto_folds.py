@@ -130,5 +130,7 @@ def source_alone_right(pool: SamplePool, ys: np.ndarray, yt: np.ndarray) -> bool
     unadapted classifier tested on every label the caller has.
     """
     yt, labelled = np.asarray(yt), np.arange(len(yt))
-    problem = sub_problem(pool_problem(pool, ys, yt, None, test_gram=False), labelled[:0], labelled)
+    only_labelled = pool.with_rows(target_test=pool.target_train[:0])  # no other rows scored
+    problem = pool_problem(only_labelled, ys, yt, None, test_gram=False)
+    problem = sub_problem(problem, labelled[:0], labelled)
     return bool(np.array_equal(fit_predict("source_svm", {}, problem).y_pred, yt))

@@ -244,6 +244,8 @@ def version_tags(handle, cfg, fitted) -> dict[str, str]:
         tags["auto_pseudo_labelled"] = str(fitted.auto["pseudo_labelled"])
         if fitted.auto["neighbours"]:
             tags["auto_neighbours"] = str(fitted.auto["neighbours"])
+        if fitted.auto["source_alone_right"] is not None:
+            tags["auto_source_alone_right"] = str(fitted.auto["source_alone_right"])
     for key in ("label", "trial_key", "run_id", "metric", "n_per_class"):
         v = getattr(cfg, key)
         if v is not None:
@@ -274,6 +276,8 @@ def version_description(handle, cfg, fitted) -> str:
             f", chosen by the rule {a['rule']}: {a['pick']} ({a['label']}, "
             f"{json.dumps(a['params'], default=str)}) from a pool of {a['pool_size']} samples, "
         )
+        if a["source_alone_right"]:
+            s += "without folds (the source SVM alone was right on every labelled target), "
         s += (
             f"{a['pseudo_labelled']} unlabelled target samples self-trained into the fit with "
             "the labels the rule's fold fits gave them"

@@ -107,7 +107,9 @@ class MMDTL2(TransformerMixin, _AdaptationBase):
         unlabelled targets and of those self-trained into the fit (``pseudo_labelled``),
         the check of self-training on its folds (``self_training_check``: gain and
         standard error, or None), the neighbour smoothing (``neighbours``: ``[k, α]`` on
-        a hard shift, else None) and its table
+        a hard shift, else None), whether the source SVM alone was right on every labelled
+        target (``source_alone_right``: then the pick is N, fitted without folds; None
+        where it was not tested) and its table
         (:meth:`mmdtl2_dist.core.auto.AutoChoice.record`).
     n_unlabelled_target_ : int
         Unlabelled target samples given to ``fit``.
