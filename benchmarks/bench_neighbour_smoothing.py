@@ -160,7 +160,7 @@ def summary(runs: list[dict]) -> str:
 def pixel_fits(job):
     """One pixel split of ``jobs``: ``fitted(est)`` fits an estimator on it (the split's
     unlabelled targets given) and returns it with its test accuracy; the record's keys;
-    the source labels and the labelled targets' labels."""
+    the source labels."""
     from bench_rule_pixels import pixel_split
 
     _, shift, split, n, data, _, seed = job
@@ -170,7 +170,7 @@ def pixel_fits(job):
         est.fit_domains(Xs, ys, Xt[lab], yt[lab], Xt_unlabelled=Xt[rest])
         return est, 100 * float(est.score(Xt[rest], yt[rest]))
 
-    return fitted, {"data": "pixels", "shift": shift, "labels": n, "split": split}, ys, yt[lab]
+    return fitted, {"data": "pixels", "shift": shift, "labels": n, "split": split}, ys
 
 
 def data_group(r: dict) -> str:

@@ -12,8 +12,8 @@ becomes S (MMDTL2 with the identity prior, trusting the source) with D, O and D0
 alternatives: adaptation must show a held-out gain over trusting the source, instead of
 the source showing one over adaptation. Folds, candidates, the guard's test,
 self-training and smoothing are the product's. The test costs one SVM fit on the source
-rows. It is applied by wrapping the rule's ``rule_folds`` and
-``default_and_alternatives`` in this process, so everything else is the product's code.
+rows. SF is applied by wrapping the rule's ``default_and_alternatives`` in this process,
+so everything else is the product's code.
 
 A second variant, **SF-N** (column ``sfn``): where the same test holds, no selection at
 all: the pick is N (MMDTL2 with the identity prior at weight 1 and ``c_f = 100``, which
@@ -28,16 +28,18 @@ accuracy, SF's (``variant``), SF-N's (``sfn``), the source and target SVMs', and
 the source SVM was right on every labelled target. The variants are fitted only where
 they can differ.
 
-SF-N was confirmed and is the product's rule since version ``auto-2026-11-29-sfn``: this
-study compares it with the version before (``auto-2026-11-29-knsh``, the product of
-``0d13675``); on a later product the "rule" column is SF-N's own.
+SF-N was confirmed and is the product's rule since version ``auto-2026-11-29-sfn``, which
+runs the test itself (``source_alone_right``, recorded as ``source_alone_right``): this
+script reads the test's outcome from the rule's record, so its "rule" column is now
+SF-N's own. The stored results compare SF-N with the version before
+(``auto-2026-11-29-knsh``): they were run with this script and the product as of
+``0d13675``.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-import numpy as np
 from bench_neighbour_smoothing import (
     acc,
     pick_hinge,
@@ -49,40 +51,24 @@ from bench_neighbour_smoothing import (
 
 
 @contextmanager
-def source_first(seen: dict, swap: bool = True):
-    """The rule with S as the default where the source needs no correction (``seen``
-    records the test's outcome on the last split); with ``swap=False`` the rule as it is,
-    the test only recorded."""
+def source_first():
+    """The rule with S as the guard's default where D would be, D among its alternatives
+    (entered only where the source test held)."""
     from mmdtl2_dist.core import auto
-    from mmdtl2_dist.core.auto_folds import source_alone_right
 
-    folds_of, default_of = auto.rule_folds, auto.default_and_alternatives
-
-    def rule_folds(pool, ys, yt):
-        seen["clean"] = source_alone_right(pool, ys, yt)
-        return folds_of(pool, ys, yt)
+    default_of = auto.default_and_alternatives
 
     def default_and_alternatives(fewest, covers=True, *, no_pull):
         default, alternatives = default_of(fewest, covers, no_pull=no_pull)
-        if not swap or default != auto.DEFAULT or not seen["clean"]:
+        if default != auto.DEFAULT:
             return default, alternatives
         return "S", (auto.DEFAULT, *(a for a in alternatives if a != "S"))
 
-    auto.rule_folds, auto.default_and_alternatives = rule_folds, default_and_alternatives
+    auto.default_and_alternatives = default_and_alternatives
     try:
         yield
     finally:
-        auto.rule_folds, auto.default_and_alternatives = folds_of, default_of
-
-
-def can_differ(yt: np.ndarray, clean: bool) -> bool:
-    """The test holds where the rule tests the source (the labelled targets cover every
-    class here, so the default follows from the smallest class's count)."""
-    from mmdtl2_dist.core.auto import default_and_alternatives, source_is_tested
-
-    fewest = int(np.unique(yt, return_counts=True)[1].min())
-    default = default_and_alternatives(fewest, no_pull=True)[0]
-    return clean and source_is_tested(default, fewest)
+        auto.default_and_alternatives = default_of
 
 
 def office_split(job) -> dict:
@@ -96,14 +82,13 @@ def office_split(job) -> dict:
     data, vary, seed = job[-3:]
     key = (*job[:5], *([vary] if vary else []))
     pool, base, yq = split_problem(key, data, seed)
-    seen = {}
-    with source_first(seen, swap=False):
-        res, choice = fit_predict_auto(pool, base.ys, base.yt)
+    res, choice = fit_predict_auto(pool, base.ys, base.yt)
     out = {"data": job[0], "shift": f"{job[1]}-{job[2]}", "labels": job[4], "split": job[3]}
     out["rule"] = out["variant"] = acc(res.y_pred, yq)
-    out["clean"], out["variant_pick"], out["sfn"] = seen["clean"], choice.pick, out["rule"]
-    if can_differ(base.yt, out["clean"]):
-        with source_first(seen):
+    out["clean"] = choice.source_right is True
+    out["variant_pick"], out["sfn"] = choice.pick, out["rule"]
+    if out["clean"]:
+        with source_first():
             res_v, choice_v = fit_predict_auto(pool, base.ys, base.yt)
         out.update(variant=acc(res_v.y_pred, yq), variant_pick=choice_v.pick)
         near_source = rule_params("N", rule_pull({}, base.ys))
@@ -120,15 +105,13 @@ def pixels_split(job) -> dict:
     from mmdtl2_dist.core.auto import rule_params, rule_pull
     from mmdtl2_dist.estimators import MMDTL2, SourceSVM, TargetSVM
 
-    fitted, out, ys, y_lab = pixel_fits(job)
+    fitted, out, ys = pixel_fits(job)
     with threadpool_limits(1):
-        seen = {}
-        with source_first(seen, swap=False):
-            rule, out["rule"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
+        rule, out["rule"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
         out["variant"], out["variant_pick"] = out["rule"], rule.auto_["pick"]
-        out["clean"], out["sfn"] = seen["clean"], out["rule"]
-        if can_differ(y_lab, out["clean"]):
-            with source_first(seen):
+        out["clean"], out["sfn"] = rule.auto_["source_alone_right"] is True, out["rule"]
+        if out["clean"]:
+            with source_first():
                 variant, out["variant"] = fitted(MMDTL2(select="auto", preprocessing="l2_zscore"))
             out["variant_pick"] = variant.auto_["pick"]
             near_source = rule_params("N", rule_pull({}, ys))
