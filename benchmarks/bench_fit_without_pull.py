@@ -37,8 +37,9 @@ def one_fit(data: Path, shift: str, n: int, c_d: float) -> dict:
     from mmdtl2_dist.core import auto
     from mmdtl2_dist.core import mmdtl2 as core
     from mmdtl2_dist.core.methods import fit_predict
+    from mmdtl2_dist.core.pool import SamplePool, pool_problem
     from mmdtl2_dist.core.preprocessing import fit_preprocessing
-    from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map, pool_problem
+    from mmdtl2_dist.core.priors import learnt_pca_map
 
     Xs, ys, Xt, yt = load_shift(data, shift)
     rng = np.random.default_rng([SEEDS["dev"], list(SHIFTS).index(shift), n, 0])

@@ -88,8 +88,8 @@ def collect_pixels(job, data_dir: str, seed: int) -> dict:
     from bench_rule_pixels import SHIFTS as PIXEL_SHIFTS
     from bench_rule_pixels import labelled_rows, load_shift
 
+    from mmdtl2_dist.core.pool import SamplePool
     from mmdtl2_dist.core.preprocessing import fit_preprocessing
-    from mmdtl2_dist.core.priors import SamplePool
 
     _, shift, split = job
     with threadpool_limits(1):

@@ -52,13 +52,9 @@ from threadpoolctl import threadpool_limits
 
 from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import fit_predict
+from mmdtl2_dist.core.pool import SamplePool
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.priors import (
-    SamplePool,
-    coral_map,
-    shared_pca_map,
-    subspace_alignment_map,
-)
+from mmdtl2_dist.core.priors import coral_map, shared_pca_map, subspace_alignment_map
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain
 
 DATASETS = {

@@ -28,8 +28,9 @@ from threadpoolctl import threadpool_limits
 
 from mmdtl2_dist.core import auto
 from mmdtl2_dist.core.methods import fit_predict
+from mmdtl2_dist.core.pool import SamplePool
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
+from mmdtl2_dist.core.priors import learnt_pca_map
 
 PULL_WEIGHTS = (0.1, 0.05, 0.02, 0.01, 0.0)
 PROBED = ("mnist-usps", "coil1-coil2")

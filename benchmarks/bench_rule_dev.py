@@ -77,10 +77,7 @@ from bench_priors_dev import DATASETS, prior_maps, shift_grams
 from bench_selection import SEEDS as SELECTION_SEEDS
 from threadpoolctl import threadpool_limits
 
-from mmdtl2_dist.core.auto import CANDIDATES as CANDIDATES_AUTO
 from mmdtl2_dist.core.auto import (
-    DEFAULT,
-    ONE_LABEL_DEFAULT,
     default_and_alternatives,
     pca_dim,
     pool_problem,
@@ -88,9 +85,12 @@ from mmdtl2_dist.core.auto import (
     rule_params,
     rule_pull,
 )
+from mmdtl2_dist.core.auto_candidates import CANDIDATES as CANDIDATES_AUTO
+from mmdtl2_dist.core.auto_candidates import DEFAULT, ONE_LABEL_DEFAULT
 from mmdtl2_dist.core.auto_fit import fit_predict_auto
 from mmdtl2_dist.core.methods import fit_predict
-from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
+from mmdtl2_dist.core.pool import SamplePool
+from mmdtl2_dist.core.priors import learnt_pca_map
 from mmdtl2_dist.core.selection import (
     canonical_order,
     cv_folds,

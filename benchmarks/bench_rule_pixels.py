@@ -116,8 +116,9 @@ def candidate_records(Xs, ys, Xt, yt, lab, rest) -> dict:
     """
     from mmdtl2_dist.core import auto, self_training
     from mmdtl2_dist.core.methods import fit_predict
+    from mmdtl2_dist.core.pool import SamplePool
     from mmdtl2_dist.core.preprocessing import fit_preprocessing
-    from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
+    from mmdtl2_dist.core.priors import learnt_pca_map
 
     Zs = fit_preprocessing(Xs, "l2_zscore").transform(Xs)
     Zt = fit_preprocessing(Xt, "l2_zscore").transform(Xt)

@@ -43,7 +43,8 @@ from threadpoolctl import threadpool_limits
 from mmdtl2_dist.core.auto import AutoChoice, select_auto
 from mmdtl2_dist.core.auto_fit import smoothed_result
 from mmdtl2_dist.core.methods import fit_predict
-from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map, pool_problem
+from mmdtl2_dist.core.pool import SamplePool, pool_problem
+from mmdtl2_dist.core.priors import learnt_pca_map
 from mmdtl2_dist.datasets.office_caltech import SHIFTS
 
 

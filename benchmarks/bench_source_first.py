@@ -77,7 +77,7 @@ def office_split(job) -> dict:
     from mmdtl2_dist.core.auto import rule_params, rule_pull
     from mmdtl2_dist.core.auto_fit import fit_predict_auto
     from mmdtl2_dist.core.methods import fit_predict
-    from mmdtl2_dist.core.priors import pool_problem
+    from mmdtl2_dist.core.pool import pool_problem
 
     data, vary, seed = job[-3:]
     key = (*job[:5], *([vary] if vary else []))

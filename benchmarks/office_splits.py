@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem
+from mmdtl2_dist.core.pool import SamplePool
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.priors import SamplePool
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain, load_hoffman_splits
 
 SHORT = {"amazon": "A", "webcam": "W", "dslr": "D", "caltech": "C"}

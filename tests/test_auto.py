@@ -23,7 +23,6 @@ from mmdtl2_dist.core import auto as auto_module
 from mmdtl2_dist.core.adapter import AdapterState
 from mmdtl2_dist.core.auto import (
     AUTO_RULE,
-    CANDIDATES,
     HARD_HINGE,
     default_and_alternatives,
     no_pull_is_a_candidate,
@@ -34,6 +33,7 @@ from mmdtl2_dist.core.auto import (
     rule_pull,
     select_auto,
 )
+from mmdtl2_dist.core.auto_candidates import CANDIDATES
 from mmdtl2_dist.core.auto_fit import fit_predict_auto
 from mmdtl2_dist.core.auto_folds import (
     class_group_folds,
@@ -46,8 +46,9 @@ from mmdtl2_dist.core.auto_folds import (
 from mmdtl2_dist.core.low_rank import LowRankMap
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.neighbours import NEIGHBOUR_WEIGHT, NEIGHBOURS
+from mmdtl2_dist.core.pool import SamplePool
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.priors import SamplePool, learnt_pca_map
+from mmdtl2_dist.core.priors import learnt_pca_map
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 from mmdtl2_dist.core.self_training import (
     confident_pseudo_labels,

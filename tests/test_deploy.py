@@ -260,7 +260,8 @@ def test_register_default_is_the_auto_rule_with_the_unlabelled_targets(tmp_path)
     device's unlabelled samples (label -1 in the store), its rule and pool recorded."""
     import mlflow
 
-    from mmdtl2_dist.core.auto import AUTO_RULE, CANDIDATES
+    from mmdtl2_dist.core.auto import AUTO_RULE
+    from mmdtl2_dist.core.auto_candidates import CANDIDATES
 
     study = record_study(tmp_path / "s", unlabelled=6)
     assert main(["register", str(study), "--name", "auto", "--quiet"]) == 0

@@ -18,9 +18,8 @@ import pytest
 
 from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
+from mmdtl2_dist.core.pool import PoolMap, SamplePool
 from mmdtl2_dist.core.priors import (
-    PoolMap,
-    SamplePool,
     coral_map,
     shared_pca_map,
     subspace_alignment_map,

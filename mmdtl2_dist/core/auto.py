@@ -39,7 +39,7 @@ strength with a large source (:func:`rule_pull`: times ``min(1, 20 / n̄)``, ``n
 labelled source samples a class on average). ``C`` is the number of classes (of the
 labelled source and target samples) and ``p`` the pool size.
 
-**The pool** (:class:`~mmdtl2_dist.core.priors.SamplePool`) is what the shared-PCA prior
+**The pool** (:class:`~mmdtl2_dist.core.pool.SamplePool`) is what the shared-PCA prior
 learns from, without labels: the labelled source samples and every target sample the
 caller provides (labelled, unlabelled and, only when the caller puts them there, the
 samples to be scored: the transductive protocol of the published methods).
@@ -131,6 +131,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmdtl2_dist.core.auto_candidates import (
+    ALTERNATIVES,
+    CANDIDATES,
+    DEFAULT,
+    MANY_LABELS_ALTERNATIVES,
+    MANY_LABELS_DEFAULT,
+    ONE_LABEL_ALTERNATIVES,
+    ONE_LABEL_DEFAULT,
+    SOURCE_RIGHT_PICK,
+    TARGET_SVM_KEYS,
+)
 from mmdtl2_dist.core.auto_folds import (
     exceeds,
     fold_fits,
@@ -142,7 +153,8 @@ from mmdtl2_dist.core.auto_folds import (
 from mmdtl2_dist.core.methods import GramProblem
 from mmdtl2_dist.core.neighbours import NEIGHBOUR_WEIGHT, NEIGHBOURS
 from mmdtl2_dist.core.params import DEFAULTS
-from mmdtl2_dist.core.priors import PoolMap, SamplePool, learnt_pca_map, pool_problem
+from mmdtl2_dist.core.pool import PoolMap, SamplePool, pool_problem
+from mmdtl2_dist.core.priors import learnt_pca_map
 from mmdtl2_dist.core.self_training import (
     final_scored_rows,
     self_trained_fold_hinge,
@@ -172,48 +184,13 @@ NO_PULL_MOST_VARIABLES = 8000
 RULE_KEYS = ("prior", "prior_weight", "c_f")
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration of the rule: core method, parameters, ``k`` of ``d = min(k C, p − 1)``."""
-
-    name: str
-    label: str
-    params: Mapping
-    pca_per_class: int | None
-    method: str = "mmdtl2"
-
-
-_PCA, _IDENTITY = {"prior": "matrix", "c_f": 1.0}, {"prior": "identity", "c_f": 1.0}
-CANDIDATES = {
-    "D": Candidate("D", "shared PCA d=4C λ=0.5", {**_PCA, "prior_weight": 0.5}, 4),
-    "O": Candidate("O", "target SVM", {"c_t": 1.0}, None, method="target_svm"),
-    "S": Candidate("S", "identity λ=1", {**_IDENTITY, "prior_weight": 1.0}, None),
-    "D0": Candidate(
-        "D0", "shared PCA d=4C λ=0.5 c_d=0", {**_PCA, "prior_weight": 0.5, "c_d": 0.0}, 4
-    ),
-    "F": Candidate("F", "shared PCA d=2C", {**_PCA, "prior_weight": 1.0}, 2),
-    "N": Candidate(
-        "N", "identity λ=1 c_f=100", {**_IDENTITY, "prior_weight": 1.0, "c_f": 100.0}, None
-    ),
-}
-DEFAULT, ALTERNATIVES = "D", ("O", "S", "D0")
-#: The pick, without folds, where D is the default and the source alone is right.
-SOURCE_RIGHT_PICK = "N"
-#: The default and its alternatives at one labelled target in some class.
-ONE_LABEL_DEFAULT, ONE_LABEL_ALTERNATIVES = "F", ("N",)
-#: The default and its alternatives when every class has more than :data:`MANY_LABELS`.
-MANY_LABELS_DEFAULT, MANY_LABELS_ALTERNATIVES = "O", ("D", "S", "D0")
-#: The parameters of the caller's that the target SVM (candidate O) takes.
-TARGET_SVM_KEYS = ("qp_solver", "qp_tol")
-
-
 @dataclass
 class AutoChoice:
     """What :func:`select_auto` chose, and why.
 
     ``pick`` names a :data:`CANDIDATES` entry, ``params`` the full parameters of its core
     method (:attr:`method`); ``pca_dim`` and ``prior_map`` (the shared-PCA map over the
-    pool, :class:`~mmdtl2_dist.core.priors.PoolMap`) are set for a shared-PCA pick.
+    pool, :class:`~mmdtl2_dist.core.pool.PoolMap`) are set for a shared-PCA pick.
     ``table``: one row per fitted candidate (mean held-out hinge loss, gain over the
     default, its standard error). ``problem``: the final fit's :class:`GramProblem`, with
     the pick's prior blocks, the labelled targets followed by the ``pseudo_rows`` (target

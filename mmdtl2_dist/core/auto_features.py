@@ -14,7 +14,7 @@ import numpy as np
 
 from mmdtl2_dist.core.auto import select_auto
 from mmdtl2_dist.core.low_rank import LowRankMap
-from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.pool import SamplePool
 
 
 def feature_pool(Xs: np.ndarray, Xt: np.ndarray, Xu: np.ndarray | None) -> SamplePool:

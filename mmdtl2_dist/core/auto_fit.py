@@ -17,7 +17,7 @@ import numpy as np
 from mmdtl2_dist.core.auto import AutoChoice, select_auto
 from mmdtl2_dist.core.methods import MethodResult, fit_predict
 from mmdtl2_dist.core.neighbours import smoothed_in_blocks
-from mmdtl2_dist.core.priors import SamplePool
+from mmdtl2_dist.core.pool import SamplePool
 from mmdtl2_dist.core.self_training import final_scored_rows
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from mmdtl2_dist.core.methods import GramProblem, fit_predict
-from mmdtl2_dist.core.priors import SamplePool, pool_problem
+from mmdtl2_dist.core.pool import SamplePool, pool_problem
 from mmdtl2_dist.core.selection import canonical_order, cv_folds, multiclass_hinge, sub_problem
 
 MAX_FOLDS = 3  # per-class folds: at most this many, one held-out target a class each

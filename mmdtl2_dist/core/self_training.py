@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from mmdtl2_dist.core.methods import fit_predict
-from mmdtl2_dist.core.priors import SamplePool, pool_problem
+from mmdtl2_dist.core.pool import SamplePool, pool_problem
 from mmdtl2_dist.core.selection import multiclass_hinge
 
 
@@ -81,7 +81,7 @@ def self_trained_fold_hinge(
     """Held-out hinge losses of a candidate's fold fits, each self-trained.
 
     The candidate is the core's ``method`` with ``params`` and the prior map ``pmap``
-    (:class:`~mmdtl2_dist.core.priors.PoolMap` or ``None``).
+    (:class:`~mmdtl2_dist.core.pool.PoolMap` or ``None``).
 
     Fold ``j``'s fit (``fold_scores[j]``: its scores on the unlabelled targets) pseudo-labels
     as the final fit would (:func:`self_training_pool`, ``times`` per labelled target of

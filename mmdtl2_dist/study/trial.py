@@ -236,7 +236,7 @@ def _auto_unit(plan: StudyPlan, pair: PairPlan, rows: dict, prob: GramProblem, p
     prior learns from them only when the protocol puts them in the pool (``"all"``).
     """
     from mmdtl2_dist.core.auto_fit import fit_predict_auto
-    from mmdtl2_dist.core.priors import SamplePool
+    from mmdtl2_dist.core.pool import SamplePool
 
     if not pair.shared:
         raise ValueError(
