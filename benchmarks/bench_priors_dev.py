@@ -33,7 +33,11 @@ SVM). One process, one BLAS thread: 400 splits took 24 min wall on the 2 shared 
 samples); ``--datasets``, ``--splits`` cut it. Writes ``benchmarks/results/priors_dev.json``
 (the printed tables also in ``priors_dev.md``). ``--explore`` runs the :data:`EXPLORE`
 columns instead (prior weight 0.5 for SA and shared PCA, and SA with the identity outside
-the subspaces), into ``priors_dev_explore.json``.
+the subspaces), into ``priors_dev_explore.json``; ``--ot`` the :data:`OT_COLUMNS` (the
+optimal-transport map beside the identity, shared-PCA and CORAL priors), into
+``priors_dev_ot.json``; ``--purity`` prints, per shift, the share of the OT plan's mass
+between samples of one class (mean over ``--splits`` splits; labels read for that
+measurement only).
 """
 
 from __future__ import annotations
@@ -54,7 +58,13 @@ from mmdtl2_dist.core.gram_pca import pca_basis
 from mmdtl2_dist.core.methods import fit_predict
 from mmdtl2_dist.core.pool import SamplePool
 from mmdtl2_dist.core.preprocessing import fit_preprocessing
-from mmdtl2_dist.core.priors import coral_map, shared_pca_map, subspace_alignment_map
+from mmdtl2_dist.core.priors import (
+    coral_map,
+    ot_map,
+    shared_pca_map,
+    subspace_alignment_map,
+    transport_plan,
+)
 from mmdtl2_dist.datasets.office_caltech import SHIFTS, load_domain
 
 DATASETS = {
@@ -98,6 +108,17 @@ EXPLORE = (
     + [("SA+I d=40 λ=0.5", "mmdtl2", HALF, "sa+I", 40)]
 )
 
+# ``--ot``: the optimal-transport map (ridge ``reg`` 0.1, 1 and 10; weight 1 and 0.5) beside
+# the identity prior, CORAL and the shared-PCA prior, on the same splits.
+OT_REGS = (0.1, 1.0, 10.0)
+OT_COLUMNS = (
+    COLUMNS[:2]
+    + [COLUMNS[4], (f"shared PCA d={DIMS[0]}", "mmdtl2", PRIOR, "shared_pca", DIMS[0])]
+    + [("CORAL", "mmdtl2", PRIOR, "coral", None)]
+    + [(f"OT reg={r:g}", "mmdtl2", PRIOR, "ot", r) for r in OT_REGS]
+    + [(f"OT reg={r:g} λ=0.5", "mmdtl2", HALF, "ot", r) for r in OT_REGS[1:]]
+)
+
 
 @cache
 def domain(dataset: str, name: str, data_dir: str | None):
@@ -138,7 +159,9 @@ def prior_maps(pool: SamplePool, target_bases: dict, keys) -> dict:
     shared = pca_basis(pool.Kyy, max(DIMS)) if "shared_pca" in names else None
     maps = {}
     for name, d in keys:
-        if name == "coral":
+        if name == "ot":  # ``d`` holds the map's ridge ``reg``
+            maps[name, d] = ot_map(pool, d)
+        elif name == "coral":
             maps[name, d] = coral_map(pool, 1.0, target_basis=target_bases["coral"])
         elif name == "shared_pca":
             maps[name, d] = shared_pca_map(pool, d, basis=shared)
@@ -170,6 +193,16 @@ def evaluate(job, data_dir, columns=COLUMNS):
         )
         out[label] = float(np.mean(fit_predict(method, params, prob).y_pred == yq))
     return out
+
+
+def same_class_mass(job, data_dir) -> float:
+    """The share of the OT plan's mass between a target and a source sample of one class."""
+    dataset, source, target, k = job
+    Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
+    src, lab, test = random_split_rows(ys_all, yt_all, source, target, k, SEEDS["dev"])
+    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    plan = transport_plan(pool)
+    return float(plan[yt_all[:, None] == ys_all[src][None, :]].sum())
 
 
 def summarise(acc: dict, columns) -> dict:
@@ -238,10 +271,14 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=None, choices=list(DATASETS))
     ap.add_argument("--splits", type=int, default=20)
     ap.add_argument("--explore", action="store_true", help="the EXPLORE columns instead")
+    ap.add_argument("--ot", action="store_true", help="the OT_COLUMNS instead")
+    ap.add_argument(
+        "--purity", action="store_true", help="print the OT plans' same-class mass, no fits"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    columns = EXPLORE if args.explore else COLUMNS
-    name = "priors_dev_explore" if args.explore else "priors_dev"
+    columns = EXPLORE if args.explore else OT_COLUMNS if args.ot else COLUMNS
+    name = "priors_dev" + ("_explore" if args.explore else "_ot" if args.ot else "")
     args.out = args.out or Path(__file__).parent / "results" / f"{name}.json"
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     if args.data is None and set(datasets) - {"surf"}:
@@ -254,6 +291,13 @@ def main() -> None:
         if s in DATASETS[ds] and t in DATASETS[ds]
         for k in range(args.splits)
     ]
+    if args.purity:
+        for job in jobs:
+            if job[3] == 0:
+                key = f"{job[0]}:{job[1][0].upper()}→{job[2][0].upper()}"
+                mass = [same_class_mass((*job[:3], k), data_dir) for k in range(args.splits)]
+                print(f"{key}: same-class mass of the OT plan {np.mean(mass):.3f}", flush=True)
+        return
     t0 = time.perf_counter()
     acc: dict = {}
     with threadpool_limits(1):
@@ -277,7 +321,8 @@ def main() -> None:
         + " --datasets "
         + " ".join(datasets)
         + ("" if args.splits == 20 else f" --splits {args.splits}")
-        + (" --explore" if args.explore else ""),
+        + (" --explore" if args.explore else "")
+        + (" --ot" if args.ot else ""),
         "split_set": f"dev (seed {SEEDS['dev']})",
         "columns": [
             {"label": c[0], "method": c[1], "params": c[2], "prior": c[3], "d": c[4]}

@@ -21,9 +21,11 @@ from mmdtl2_dist.core.methods import GramProblem, fit_predict
 from mmdtl2_dist.core.pool import PoolMap, SamplePool
 from mmdtl2_dist.core.priors import (
     coral_map,
+    ot_map,
     shared_pca_map,
     subspace_alignment_map,
     transductive_prior,
+    transport_plan,
 )
 
 RTOL = 1e-9  # see the module docstring
@@ -162,6 +164,76 @@ def test_coral_equals_feature_space(L, ns, nt, reg):
     _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, W0))
 
 
+def _ot_reference(Ys, Yt, reg):
+    """The OT map in feature space: POT's plan on the features' squared distances, the
+    barycentric images ``B``, and the ridge regression's normal equations (L x L)."""
+    import ot
+
+    nt, L = Yt.shape
+    plan = ot.emd(np.full(nt, 1 / nt), np.full(len(Ys), 1 / len(Ys)), ot.dist(Yt, Ys))
+    B = nt * plan @ Ys
+    eta = reg * np.mean(np.sum(Yt**2, axis=1))
+    W0 = np.linalg.solve(Yt.T @ Yt + eta * np.eye(L), Yt.T @ B + eta * np.eye(L)).T
+    return plan, B, W0
+
+
+@pytest.mark.parametrize(
+    ("L", "ns", "nt", "reg"),
+    [(12, 30, 40, 1.0), (50, 20, 25, 1.0), (12, 30, 40, 0.1)],
+    ids=["n>L", "n<L (identity outside the span)", "reg=0.1"],
+)
+def test_ot_map_equals_feature_space(L, ns, nt, reg):
+    pool, Ys, Yt, ys, yt = _split(seed=8, L=L, ns=ns, nt=nt)
+    plan, _, W0 = _ot_reference(Ys, Yt, reg)
+    # The costs from the Grams equal the features' ones to round-off, and a generic cost
+    # matrix has one optimal vertex: the same plan, to the last bit of its entries.
+    np.testing.assert_allclose(transport_plan(pool), plan, rtol=0, atol=1e-15)
+    got = pool.problem(ys, yt, ot_map(pool, reg).blocks(pool))
+    _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, W0))
+
+
+def test_transport_plan_is_the_linear_programmes_optimum():
+    """Against scipy's HiGHS on the transport LP: same optimal cost, exact marginals."""
+    from scipy.optimize import linprog
+
+    pool, Ys, Yt, *_ = _split(seed=9, L=12, ns=20, nt=24)
+    cost = ((Yt[:, None, :] - Ys[None, :, :]) ** 2).sum(axis=2)
+    nt, ns = cost.shape
+    rows = np.kron(np.eye(nt), np.ones(ns))  # Σ_i γ_ji = 1/nt
+    cols = np.kron(np.ones(nt), np.eye(ns))  # Σ_j γ_ji = 1/ns
+    lp = linprog(
+        cost.ravel(),
+        A_eq=np.vstack([rows, cols]),
+        b_eq=np.concatenate([np.full(nt, 1 / nt), np.full(ns, 1 / ns)]),
+        bounds=(0, None),
+        method="highs",
+    )
+    plan = transport_plan(pool)
+    np.testing.assert_allclose(plan.sum(axis=1), 1 / nt, rtol=1e-12)
+    np.testing.assert_allclose(plan.sum(axis=0), 1 / ns, rtol=1e-12)
+    assert np.all(plan >= 0)
+    # HiGHS's optimality tolerance is about 1e-7 relative; a wrong cost is off by far more.
+    np.testing.assert_allclose(np.sum(plan * cost), lp.fun, rtol=1e-7)
+
+
+def test_ot_map_interpolates_without_ridge_and_is_the_identity_with_a_large_one():
+    """Closed forms: ``reg → 0`` with independent targets maps each target pool sample to
+    its barycentric image ``b_j``; ``reg → ∞`` gives the identity prior's blocks."""
+    pool, Ys, Yt, ys, yt = _split(seed=10, L=50, ns=20, nt=25)  # nt < L: independent
+    _, B, _ = _ot_reference(Ys, Yt, 1.0)
+    src, lab, q = pool.source_train, pool.target_train, pool.target_test
+    tight = ot_map(pool, 1e-10).blocks(pool)
+    # The ridge leaves O(reg · cond(Ktt)) of the interpolation, ~1e-7 of the blocks' scale
+    # here; a wrong map (another plan, a missing term) is off by order one.
+    for got, ref in ((tight.Ksu, Ys[src] @ B[lab].T), (tight.Kuuq, B[lab] @ B[q].T)):
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6 * np.abs(ref).max())
+    loose = ot_map(pool, 1e12).blocks(pool)  # W0 − I = O(1/reg) of the blocks' scale
+    prob = pool.problem(ys, yt)
+    for name, ref in zip(BLOCKS, (prob.Kst, prob.Ktt, prob.Ksq, prob.Ktq), strict=True):
+        atol = 1e-9 * np.abs(ref).max()
+        np.testing.assert_allclose(getattr(loose, name), ref, rtol=0, atol=atol)
+
+
 def test_pca_basis_is_the_orthonormal_principal_axes():
     _, Ys, _, _, _ = _split()
     basis = pca_basis(Ys @ Ys.T, 3)
@@ -171,11 +243,13 @@ def test_pca_basis_is_the_orthonormal_principal_axes():
     assert np.all(np.diff(lam) < 0)
 
 
-@pytest.mark.parametrize("name", ["sa", "shared_pca", "coral"])
+@pytest.mark.parametrize("name", ["sa", "shared_pca", "coral", "ot"])
 def test_fit_through_matrix_prior_agrees_with_explicit_w0(name):
     """The alternation gives the same scores from the Gram path and from W0 itself."""
     pool, Ys, Yt, ys, yt = _split(seed=3)
-    if name == "coral":
+    if name == "ot":
+        W0, params = _ot_reference(Ys, Yt, 1.0)[2], {"reg": 1.0}
+    elif name == "coral":
         W0 = _sym_power(np.cov(Ys, rowvar=False) + np.eye(12), 0.5) @ _sym_power(
             np.cov(Yt, rowvar=False) + np.eye(12), -0.5
         )
@@ -212,8 +286,12 @@ def test_bad_inputs_name_the_fix():
         coral_map(SamplePool(pool.Kss, pool.Ktt, None, *([np.arange(2)] * 3)))
     with pytest.raises(ValueError, match="reg must be a positive"):
         coral_map(pool, 0.0)
-    with pytest.raises(ValueError, match="unknown transductive prior 'ot'"):
-        transductive_prior(pool, "ot")
+    with pytest.raises(ValueError, match="unknown transductive prior 'emd'"):
+        transductive_prior(pool, "emd")
+    with pytest.raises(ValueError, match="reg must be a positive"):
+        ot_map(pool, -1.0)
+    with pytest.raises(RuntimeError, match="raise max_iter or subsample the pool"):
+        ot_map(pool, max_iter=1)
     bad = SamplePool(pool.Kss, pool.Ktt, pool.Kst, pool.source_train, pool.target_train, [99])
     with pytest.raises(ValueError, match=r"target_test must be a 1-d array of row indices"):
         shared_pca_map(bad, 2)

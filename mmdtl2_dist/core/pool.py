@@ -36,7 +36,7 @@ of ``Kyy``; for a new sample, a column the Gram engine computes). With ``KyL = K
 
 all ``O(p² r)`` after the Gram; nothing of size ``L`` is formed.
 
-The maps themselves (subspace alignment, shared PCA, CORAL) are in
+The maps themselves (subspace alignment, shared PCA, CORAL, optimal transport) are in
 :mod:`mmdtl2_dist.core.priors`.
 """
 
