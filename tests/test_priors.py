@@ -150,11 +150,15 @@ def test_a_learn_mask_of_the_wrong_shape_or_type_names_the_fix():
             shared_pca_map(pool, 2, learn=bad)
 
 
-@pytest.mark.parametrize(
+#: Shapes and ridges of the maps with the identity outside the samples' spans (CORAL, OT).
+SPAN_MAP_CASES = pytest.mark.parametrize(
     ("L", "ns", "nt", "reg"),
     [(12, 30, 40, 1.0), (50, 20, 25, 1.0), (12, 30, 40, 0.1)],
     ids=["n>L", "n<L (identity outside the spans)", "reg=0.1"],
 )
+
+
+@SPAN_MAP_CASES
 def test_coral_equals_feature_space(L, ns, nt, reg):
     pool, Ys, Yt, ys, yt = _split(seed=2, L=L, ns=ns, nt=nt)
     Cs = np.cov(Ys, rowvar=False) + reg * np.eye(L)  # MATLAB cov: normalised by n - 1
@@ -177,16 +181,12 @@ def _ot_reference(Ys, Yt, reg):
     return plan, B, W0
 
 
-@pytest.mark.parametrize(
-    ("L", "ns", "nt", "reg"),
-    [(12, 30, 40, 1.0), (50, 20, 25, 1.0), (12, 30, 40, 0.1)],
-    ids=["n>L", "n<L (identity outside the span)", "reg=0.1"],
-)
+@SPAN_MAP_CASES
 def test_ot_map_equals_feature_space(L, ns, nt, reg):
     pool, Ys, Yt, ys, yt = _split(seed=8, L=L, ns=ns, nt=nt)
     plan, _, W0 = _ot_reference(Ys, Yt, reg)
     # The costs from the Grams equal the features' ones to round-off, and a generic cost
-    # matrix has one optimal vertex: the same plan, to the last bit of its entries.
+    # matrix has one optimal vertex: the same plan, entry by entry to round-off.
     np.testing.assert_allclose(transport_plan(pool), plan, rtol=0, atol=1e-15)
     got = pool.problem(ys, yt, ot_map(pool, reg).blocks(pool))
     _assert_blocks_equal(got, _reference(pool, Ys, Yt, ys, yt, W0))
