@@ -173,15 +173,22 @@ def prior_maps(pool: SamplePool, target_bases: dict, keys) -> dict:
     return maps
 
 
-def evaluate(job, data_dir, columns=COLUMNS):
-    """Accuracy of every column on one split; ``None`` where a column is not defined."""
+def split_pool(job, data_dir):
+    """The split's prior pool (its source samples and the whole target domain), the source
+    samples' labels, every target label and the target bases of :func:`shift_grams`."""
     dataset, source, target, k = job
     Ks, Kt, Kst, ys_all, yt_all, bases = shift_grams(dataset, source, target, data_dir)
     src, lab, test = random_split_rows(ys_all, yt_all, source, target, k, SEEDS["dev"])
-    # The prior's pool: the split's source samples and the whole target domain.
     pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    return pool, ys_all[src], yt_all, bases
+
+
+def evaluate(job, data_dir, columns=COLUMNS):
+    """Accuracy of every column on one split; ``None`` where a column is not defined."""
+    pool, ys, yt_all, bases = split_pool(job, data_dir)
+    lab, test = pool.target_train, pool.target_test
     maps = prior_maps(pool, bases, {(c[3], c[4]) for c in columns if c[3] is not None})
-    base = pool.problem(ys_all[src], yt_all[lab])
+    base = pool.problem(ys, yt_all[lab])
     yq = yt_all[test]
     out = {}
     for label, method, params, prior, d in columns:
@@ -197,12 +204,9 @@ def evaluate(job, data_dir, columns=COLUMNS):
 
 def same_class_mass(job, data_dir) -> float:
     """The share of the OT plan's mass between a target and a source sample of one class."""
-    dataset, source, target, k = job
-    Ks, Kt, Kst, ys_all, yt_all, _ = shift_grams(dataset, source, target, data_dir)
-    src, lab, test = random_split_rows(ys_all, yt_all, source, target, k, SEEDS["dev"])
-    pool = SamplePool(Ks[np.ix_(src, src)], Kt, Kst[src], np.arange(len(src)), lab, test)
+    pool, ys, yt_all, _ = split_pool(job, data_dir)
     plan = transport_plan(pool)
-    return float(plan[yt_all[:, None] == ys_all[src][None, :]].sum())
+    return float(plan[yt_all[:, None] == ys[None, :]].sum())
 
 
 def summarise(acc: dict, columns) -> dict:
@@ -270,9 +274,10 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=None, help="folder of the deep-feature sets")
     ap.add_argument("--datasets", nargs="+", default=None, choices=list(DATASETS))
     ap.add_argument("--splits", type=int, default=20)
-    ap.add_argument("--explore", action="store_true", help="the EXPLORE columns instead")
-    ap.add_argument("--ot", action="store_true", help="the OT_COLUMNS instead")
-    ap.add_argument(
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--explore", action="store_true", help="the EXPLORE columns instead")
+    mode.add_argument("--ot", action="store_true", help="the OT_COLUMNS instead")
+    mode.add_argument(
         "--purity", action="store_true", help="print the OT plans' same-class mass, no fits"
     )
     ap.add_argument("--out", type=Path, default=None)
@@ -325,7 +330,13 @@ def main() -> None:
         + (" --ot" if args.ot else ""),
         "split_set": f"dev (seed {SEEDS['dev']})",
         "columns": [
-            {"label": c[0], "method": c[1], "params": c[2], "prior": c[3], "d": c[4]}
+            {
+                "label": c[0],
+                "method": c[1],
+                "params": c[2],
+                "prior": c[3],
+                "reg" if c[3] == "ot" else "d": c[4],
+            }
             for c in columns
         ],
     }

@@ -74,12 +74,13 @@ and this case is common).
 targets in the smallest class (:func:`source_is_tested`), the source SVM is first fitted
 on the labelled source alone and scores the labelled targets
 (:func:`~mmdtl2_dist.core.auto_folds.source_alone_right`). If it is right on every one,
-the pick is :data:`SOURCE_RIGHT_PICK`, N (``W`` held near ``I``: nearly the source SVM on
-source and labelled targets), fitted once on the labelled targets, without folds,
-self-training or smoothing: 2 fits. On the near-identical devices of the dev data (Office
-webcam ↔ dslr, deep features) the folds could not tell trusting the source from adapting
-(held-out hinge losses mostly below 0.1 for both), which cost up to a point on the test;
-on SURF and the pixel shifts the test never held.
+the pick is :data:`~mmdtl2_dist.core.auto_candidates.SOURCE_RIGHT_PICK`, N (``W`` held
+near ``I``: nearly the source SVM on source and labelled targets), fitted once on the
+labelled targets, without folds, self-training or smoothing: 2 fits. On the
+near-identical devices of the dev data (Office webcam ↔ dslr, deep features) the folds
+could not tell trusting the source from adapting (held-out hinge losses mostly below 0.1
+for both), which cost up to a point on the test; on SURF and the pixel shifts the test
+never held.
 
 **Self-training from the fold fits.** The **unlabelled targets** are the pool's target
 rows the prior may learn from that are not labelled. Each fold fit of the CV also scores
@@ -188,9 +189,10 @@ RULE_KEYS = ("prior", "prior_weight", "c_f")
 class AutoChoice:
     """What :func:`select_auto` chose, and why.
 
-    ``pick`` names a :data:`CANDIDATES` entry, ``params`` the full parameters of its core
-    method (:attr:`method`); ``pca_dim`` and ``prior_map`` (the shared-PCA map over the
-    pool, :class:`~mmdtl2_dist.core.pool.PoolMap`) are set for a shared-PCA pick.
+    ``pick`` names a :data:`~mmdtl2_dist.core.auto_candidates.CANDIDATES` entry,
+    ``params`` the full parameters of its core method (:attr:`method`); ``pca_dim`` and
+    ``prior_map`` (the shared-PCA map over the pool,
+    :class:`~mmdtl2_dist.core.pool.PoolMap`) are set for a shared-PCA pick.
     ``table``: one row per fitted candidate (mean held-out hinge loss, gain over the
     default, its standard error). ``problem``: the final fit's :class:`GramProblem`, with
     the pick's prior blocks, the labelled targets followed by the ``pseudo_rows`` (target
@@ -288,7 +290,8 @@ def rule_params(cand: str, params: Mapping | None) -> dict:
 
     An MMDTL2 candidate: the caller's MMDTL2 ``params`` with its prior, weight and
     ``c_f``. The target SVM (O): its ``c_t = 1`` (the target SVM the rule is measured
-    against) and the caller's solver settings (:data:`TARGET_SVM_KEYS`).
+    against) and the caller's solver settings
+    (:data:`~mmdtl2_dist.core.auto_candidates.TARGET_SVM_KEYS`).
     """
     check_auto_request("mmdtl2", params)
     return picked_params(cand, params)

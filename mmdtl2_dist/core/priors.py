@@ -7,8 +7,8 @@ MMDTL2's alternation unchanged as ``prior="matrix"``, with its weight ``prior_we
 
 PCA bases from Gram blocks
 --------------------------
-The priors below use PCA bases of the pool's samples computed from their Grams alone
-(:mod:`mmdtl2_dist.core.gram_pca`), centred by default.
+Priors 1-3 below use PCA bases of the pool's samples computed from their Grams alone
+(:mod:`mmdtl2_dist.core.gram_pca`), centred by default; prior 4 uses a transport plan.
 
 1. Subspace alignment (Fernando et al., ICCV 2013)
 ---------------------------------------------------
@@ -123,8 +123,8 @@ with uniform weights and the squared Euclidean cost, which the Grams give withou
 feature: ``c_ji = ‖y_tj − y_si‖² = (K_tt)_jj + (K_ss)_ii − 2 (K_st)_ij``. It is the exact
 optimum of the linear programme (the network simplex of POT's ``ot.emd``; no entropic
 smoothing, so no extra parameter). Courty et al. carry a target sample into the source
-domain by its barycentric image ``b_j = Σ_i G_ji y_si`` with ``G = nt γ`` (rows summing
-to 1), that is ``B = G Ys``. That image exists for pool samples only; a linear map extends
+domain by its barycentric image ``b_j = Σ_i Γ_ji y_si`` with ``Γ = nt γ`` (rows summing
+to 1), that is ``B = Γ Ys``. That image exists for pool samples only; a linear map extends
 it to every target sample. Perrot et al. learn such a map jointly with the coupling; here
 the coupling is the plain OT plan (their starting point) and the map is its ridge
 regression pulled towards the identity, the prior of MMDTL2's own L2 term:
@@ -135,11 +135,11 @@ regression pulled towards the identity, the prior of MMDTL2's own L2 term:
 
 The gradient vanishes where ``W (Ytᵀ Yt + ηI) = Bᵀ Yt + ηI``, so
 ``W0 = I + (B − Yt)ᵀ Yt (YtᵀYt + ηI)^{-1} = I + (B − Yt)ᵀ (K_tt + ηI)^{-1} Yt``
-(``Yt (YtᵀYt + ηI)^{-1} = (Yt Ytᵀ + ηI)^{-1} Yt``). With ``B − Yt = [G, −I] Y``:
+(``Yt (YtᵀYt + ηI)^{-1} = (Yt Ytᵀ + ηI)^{-1} Yt``). With ``B − Yt = [Γ, −I] Y``:
 
 .. math::
 
-    a = 1, \quad L = \begin{bmatrix} G^\top \\ -I_{nt} \end{bmatrix}, \quad
+    a = 1, \quad L = \begin{bmatrix} Γ^\top \\ -I_{nt} \end{bmatrix}, \quad
     T = \begin{bmatrix} 0 & (K_{tt} + ηI)^{-1} \end{bmatrix}.
 
 ``η = reg · tr(K_tt) / nt`` (``reg`` times the target samples' mean squared norm, so that
@@ -165,6 +165,10 @@ import scipy.linalg as sla
 
 from mmdtl2_dist.core.gram_pca import PCABasis, basis_coefficients, complete_basis, pca_basis
 from mmdtl2_dist.core.pool import PoolMap, PriorBlocks, SamplePool
+
+#: Pivots the network simplex may take for an OT plan (POT's default, 1e5, stopped short
+#: of the optimum at 2,000 × 2,000 random samples here; 1,000 × 1,000 finished).
+SIMPLEX_MAX_ITER = 10**8
 
 
 def subspace_alignment_map(
@@ -277,17 +281,18 @@ def coral_map(
     return PoolMap(1.0, L, T)
 
 
-def transport_plan(pool: SamplePool, max_iter: int = 10**8) -> np.ndarray:
+def transport_plan(pool: SamplePool, max_iter: int = SIMPLEX_MAX_ITER) -> np.ndarray:
     """The exact OT plan ``γ`` (nt, ns) between the pool's target and source samples.
 
     Uniform weights, squared Euclidean cost from the Grams (module docstring, 4).
     """
     import ot  # POT; imported here, where a transport prior is asked for
 
+    pool.validate()
     ns, nt = pool.Kss.shape[0], pool.Ktt.shape[0]
     cost = np.diag(pool.Ktt)[:, None] + np.diag(pool.Kss)[None, :] - 2.0 * pool.Kst.T
     cost = np.maximum(cost, 0.0)  # round-off below zero for (near) coincident samples
-    scale = cost.max()
+    scale = cost.max()  # the plan does not depend on it; the simplex's tolerances do
     weights_t, weights_s = np.full(nt, 1.0 / nt), np.full(ns, 1.0 / ns)
     with warnings.catch_warnings():  # an unsolved plan raises below, naming the fix
         warnings.filterwarnings("ignore", "numItermax reached", UserWarning)
@@ -302,11 +307,12 @@ def transport_plan(pool: SamplePool, max_iter: int = 10**8) -> np.ndarray:
     return plan
 
 
-def ot_map(pool: SamplePool, reg: float = 1.0, *, max_iter: int = 10**8) -> PoolMap:
+def ot_map(pool: SamplePool, reg: float = 1.0, *, max_iter: int = SIMPLEX_MAX_ITER) -> PoolMap:
     """The OT map ``W0 = I + (B − Yt)ᵀ (Ktt + ηI)⁻¹ Yt``, ``η = reg·tr(Ktt)/nt`` (docstring, 4).
 
-    ``B = nt γ Ys`` holds the barycentric images of the target samples under the exact OT
-    plan ``γ`` (:func:`transport_plan`); ``max_iter`` bounds the network simplex.
+    ``B = Γ Ys``, ``Γ = nt γ``, holds the barycentric images of the target samples under
+    the exact OT plan ``γ`` (:func:`transport_plan`); ``max_iter`` bounds the network
+    simplex.
     """
     pool.validate()
     if not (np.isfinite(reg) and reg > 0):
@@ -315,9 +321,9 @@ def ot_map(pool: SamplePool, reg: float = 1.0, *, max_iter: int = 10**8) -> Pool
     eta = reg * np.trace(pool.Ktt) / nt
     if not eta > 0:
         raise ValueError("the target samples are all zero; the OT map needs non-zero features.")
-    G = nt * transport_plan(pool, max_iter)
+    barycentric = nt * transport_plan(pool, max_iter)  # Γ: rows sum to 1
     ridge = sla.solve(pool.Ktt + eta * np.eye(nt), np.eye(nt), assume_a="pos")
-    L = np.vstack([G.T, -np.eye(nt)])
+    L = np.vstack([barycentric.T, -np.eye(nt)])
     T = np.hstack([np.zeros((nt, ns)), ridge])
     return PoolMap(1.0, L, T)
 
