@@ -127,7 +127,7 @@ domain by its barycentric image ``b_j = Σ_i Γ_ji y_si`` with ``Γ = nt γ`` (r
 to 1), that is ``B = Γ Ys``. That image exists for pool samples only; a linear map extends
 it to every target sample. Perrot et al. learn such a map jointly with the coupling; here
 the coupling is the plain OT plan (their starting point) and the map is its ridge
-regression pulled towards the identity, the prior of MMDTL2's own L2 term:
+regression pulled towards the identity (MMDTL2's identity prior):
 
 .. math::
 
@@ -146,8 +146,10 @@ The gradient vanishes where ``W (Ytᵀ Yt + ηI) = Bᵀ Yt + ηI``, so
 ``reg`` does not depend on the features' scale). ``reg → ∞`` gives ``W0 → I``; ``reg → 0``
 with linearly independent target samples interpolates, ``W0 y_tj = b_j`` on the pool.
 Outside the span of the target samples ``W0`` is the identity. The map has no bias term:
-the product's preprocessing centres every device. No label is read (a class-aware coupling
-as in Courty et al.'s group-lasso variant would need the source labels; not offered).
+the z-scoring preprocessings (``zscore``, ``l2_zscore``) centre every device; with
+``none`` or ``l2`` a shift of the mean is left to the linear part. No label is read (a
+class-aware coupling as in Courty et al.'s group-lasso variant would need the source
+labels; not offered).
 Cost: the ``nt × ns`` cost and plan (``O(ns nt)`` memory; the network simplex took 0.03 s
 at 1,123 × 200 and 3 s at 3,000 × 3,000 here), one ``O(nt³)`` solve and ``O(p² nt)``
 products; a pool of ~10⁴⁺ samples of each device needs a subsample (not offered).
