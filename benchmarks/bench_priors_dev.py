@@ -37,7 +37,7 @@ the subspaces), into ``priors_dev_explore.json``; ``--ot`` the :data:`OT_COLUMNS
 optimal-transport map beside the identity, shared-PCA and CORAL priors), into
 ``priors_dev_ot.json``; ``--purity`` prints, per shift, the share of the OT plan's mass
 between samples of one class (mean over ``--splits`` splits; labels read for that
-measurement only).
+measurement only), into ``priors_dev_purity.md``.
 """
 
 from __future__ import annotations
@@ -209,6 +209,19 @@ def same_class_mass(job, data_dir) -> float:
     return float(plan[yt_all[:, None] == ys[None, :]].sum())
 
 
+def write_purity(jobs, data_dir, args) -> None:
+    """Print each shift's mean :func:`same_class_mass` and write the lines beside the JSONs."""
+    lines = []
+    for job in jobs:
+        if job[3] == 0:
+            key = f"{job[0]}:{job[1][0].upper()}→{job[2][0].upper()}"
+            mass = [same_class_mass((*job[:3], k), data_dir) for k in range(args.splits)]
+            lines.append(f"- {key}: {np.mean(mass):.3f}")
+            print(lines[-1], flush=True)
+    title = f"# Same-class mass of the OT plan, {args.splits} dev splits (seed {SEEDS['dev']})"
+    args.out.with_suffix(".md").write_text(title + "\n\n" + "\n".join(lines) + "\n")
+
+
 def summarise(acc: dict, columns) -> dict:
     """Per-shift mean and standard error (%), dataset and overall means, and the losses."""
     labels = [c[0] for c in columns]
@@ -283,7 +296,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     columns = EXPLORE if args.explore else OT_COLUMNS if args.ot else COLUMNS
-    name = "priors_dev" + ("_explore" if args.explore else "_ot" if args.ot else "")
+    mode = "_explore" if args.explore else "_ot" if args.ot else "_purity" if args.purity else ""
+    name = "priors_dev" + mode
     args.out = args.out or Path(__file__).parent / "results" / f"{name}.json"
     datasets = args.datasets or (list(DATASETS) if args.data else ["surf"])
     if args.data is None and set(datasets) - {"surf"}:
@@ -297,11 +311,7 @@ def main() -> None:
         for k in range(args.splits)
     ]
     if args.purity:
-        for job in jobs:
-            if job[3] == 0:
-                key = f"{job[0]}:{job[1][0].upper()}→{job[2][0].upper()}"
-                mass = [same_class_mass((*job[:3], k), data_dir) for k in range(args.splits)]
-                print(f"{key}: same-class mass of the OT plan {np.mean(mass):.3f}", flush=True)
+        write_purity(jobs, data_dir, args)
         return
     t0 = time.perf_counter()
     acc: dict = {}

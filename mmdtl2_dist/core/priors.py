@@ -147,7 +147,8 @@ The gradient vanishes where ``W (Ytᵀ Yt + ηI) = Bᵀ Yt + ηI``, so
 with linearly independent target samples interpolates, ``W0 y_tj = b_j`` on the pool.
 Outside the span of the target samples ``W0`` is the identity. The map has no bias term:
 the z-scoring preprocessings (``zscore``, ``l2_zscore``) centre every device; with
-``none`` or ``l2`` a shift of the mean is left to the linear part. No label is read (a
+``none`` or ``l2`` the devices' means stay, and a map through the origin absorbs their
+difference only as far as a linear map fits it. No label is read (a
 class-aware coupling as in Courty et al.'s group-lasso variant would need the source
 labels; not offered).
 Cost: the ``nt × ns`` cost and plan (``O(ns nt)`` memory; the network simplex took 0.03 s
