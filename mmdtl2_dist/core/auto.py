@@ -426,7 +426,6 @@ def select_auto(
         )
     p = int(learn.sum())
     params = rule_pull(params, ys)
-    folds, per_class = rule_folds(pool, ys, yt)
     counts = np.unique(yt, return_counts=True)[1]
     n_min = int(counts.min())
     no_pull = no_pull_is_a_candidate(n_classes, len(yt), params["c_d"])
@@ -435,7 +434,8 @@ def select_auto(
     )
     right = source_alone_right(pool, ys, yt) if source_is_tested(default, n_min) else None
     if right:
-        default, alternatives, folds = SOURCE_RIGHT_PICK, (), []
+        default, alternatives = SOURCE_RIGHT_PICK, ()
+    folds, per_class = ([], False) if right else rule_folds(pool, ys, yt)  # none: no choice
     names = [default, *alternatives] if folds else [default]
     unl = unlabelled_rows(pool, learn)
     unl_pool = pool.with_rows(target_test=unl if per_class else unl[:0])
