@@ -245,9 +245,11 @@ def test_pca_basis_is_the_orthonormal_principal_axes():
     assert np.all(np.diff(lam) < 0)
 
 
+@pytest.mark.parametrize("kernel", ["linear", "rbf"])
 @pytest.mark.parametrize("name", ["sa", "shared_pca", "coral", "ot"])
-def test_fit_through_matrix_prior_agrees_with_explicit_w0(name):
-    """The alternation gives the same scores from the Gram path and from W0 itself."""
+def test_fit_through_matrix_prior_agrees_with_explicit_w0(name, kernel):
+    """The alternation (with its L2 pull, ``c_d`` at its default, and either target kernel)
+    gives the same scores from the Gram path and from W0 itself."""
     pool, Ys, Yt, ys, yt = _split(seed=3)
     if name == "ot":
         W0, params = _ot_reference(Ys, Yt, 1.0)[2], {"reg": 1.0}
@@ -264,7 +266,7 @@ def test_fit_through_matrix_prior_agrees_with_explicit_w0(name):
         W0, params = P @ P.T, {"d": 3}
     got = pool.problem(ys, yt, transductive_prior(pool, name, **params))
     ref = _reference(pool, Ys, Yt, ys, yt, W0)
-    p = {"prior": "matrix", "prior_weight": 0.7, "c_f": 1.0, "qp_tol": 1e-10}
+    p = {"prior": "matrix", "prior_weight": 0.7, "c_f": 1.0, "qp_tol": 1e-10, "kernel": kernel}
     a, b = fit_predict("mmdtl2", p, got), fit_predict("mmdtl2", p, ref)
     # Inputs agree to ~1e-13; the QPs are solved to a relative KKT residual of 1e-10.
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6, atol=1e-6)
