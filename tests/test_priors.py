@@ -292,7 +292,7 @@ def test_bad_inputs_name_the_fix():
         coral_map(pool, 0.0)
     with pytest.raises(ValueError, match="unknown transductive prior 'emd'"):
         transductive_prior(pool, "emd")
-    with pytest.raises(ValueError, match="reg must be a positive"):
+    with pytest.raises(ValueError, match=r"reg must be a positive finite number \(10 by default"):
         ot_map(pool, -1.0)
     with pytest.raises(RuntimeError, match="raise max_iter or subsample the pool"):
         ot_map(pool, max_iter=1)
